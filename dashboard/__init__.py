@@ -1,0 +1,1 @@
+"""Server-rendered dashboard pages and live SSE, mounted by the gateway."""

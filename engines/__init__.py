@@ -1,0 +1,1 @@
+"""Model runtimes behind one interface: the embedded torch engine, SGLang servers, the model zoo."""

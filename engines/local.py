@@ -1,0 +1,233 @@
+"""The embedded engine: a zoo model run with torch and transformers, on CUDA when present, else CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import torch
+
+from engines.base import Completion, Encoding, Engine, Export, SamplingParams, StreamEvent, Timings, TokenDelta
+from engines.catalog import lookup
+from engines.detok import Detokenizer
+from engines.errors import KVMismatch, PromptTooLong
+from engines.hf_cache import export_kv, import_kv
+from engines.loader import LoadedModel, load_converted
+from engines.templates import default_stops, render
+from engines.worker import Worker
+from engines.zoo import Zoo
+from heterofold.kv import KVCache
+
+Emit = Callable[[StreamEvent | BaseException], None]
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class LocalEngine(Engine):
+    def __init__(self, loaded: LoadedModel, *, capacity: int = 8) -> None:
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.spec = loaded.spec
+        self.load_s = loaded.load_s
+        self.device = next(self.model.parameters()).device
+        self.dtype = next(self.model.parameters()).dtype
+        self._worker = Worker(self.spec.name, capacity)
+
+    @classmethod
+    def from_zoo(cls, name: str, *, zoo: Zoo | None = None, device: str | None = None, capacity: int = 8) -> LocalEngine:
+        """Load a zoo model, fetching and converting it first if this cache lacks it."""
+        zoo = zoo or Zoo()
+        entry = lookup(name)
+        folder = zoo.pull(entry)
+        return cls(load_converted(folder, zoo.manifest(entry), device or default_device()), capacity=capacity)
+
+    # ---- text ----------------------------------------------------------------------------
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> Encoding:
+        enc = self.tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        return Encoding(ids=tuple(enc["input_ids"]), offsets=tuple(map(tuple, enc["offset_mapping"])))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return text
+
+    def render(self, messages: Sequence[dict[str, Any]]) -> str:
+        return render(messages, self.spec.template, self.tokenizer)
+
+    # ---- inference (async front, runs on the worker thread) ------------------------------
+
+    async def prefill(self, ids: Sequence[int], *, past: KVCache | None = None) -> tuple[KVCache, Timings]:
+        t_submit = time.perf_counter()
+        return await self._worker.submit(lambda: self._prefill_sync(list(ids), past, t_submit))
+
+    async def score(self, ids: Sequence[int], *, past: KVCache | None = None) -> torch.Tensor:
+        return await self._worker.submit(lambda: self._score_sync(list(ids), past))
+
+    async def stream(
+        self,
+        ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        past: KVCache | None = None,
+        export: Export = "none",
+    ) -> AsyncIterator[StreamEvent]:
+        self._check_length(len(ids), params.max_tokens)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
+        cancel = threading.Event()
+        t_submit = time.perf_counter()
+
+        def emit(event: StreamEvent | BaseException) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        def work() -> None:
+            try:
+                self._generate_sync(list(ids), params, past, export, emit, cancel, t_submit)
+            except BaseException as exc:
+                emit(exc)
+
+        job = asyncio.ensure_future(self._worker.submit(work))
+        try:
+            while True:
+                get = asyncio.ensure_future(events.get())
+                await asyncio.wait({get, job}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():  # the job ended (EngineBusy, or shut down) without an event
+                    get.cancel()
+                    job.result()
+                    raise RuntimeError("engine job ended without a result")
+                event = get.result()
+                if isinstance(event, BaseException):
+                    raise event
+                yield event
+                if isinstance(event, Completion):
+                    return
+        finally:
+            cancel.set()  # a consumer that stops early (client gone) stops the decode loop
+
+    async def aclose(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._worker.shutdown)
+
+    # ---- model work (worker thread only) ---------------------------------------------------
+
+    def _check_length(self, n_prompt: int, max_tokens: int = 0) -> None:
+        if n_prompt == 0:
+            raise PromptTooLong("the prompt has no tokens")
+        if n_prompt + max_tokens > self.spec.max_positions:
+            raise PromptTooLong(
+                f"prompt of {n_prompt} tokens plus max_tokens {max_tokens} exceeds "
+                f"{self.spec.name}'s context of {self.spec.max_positions} tokens"
+            )
+
+    def _start(self, ids: list[int], past: KVCache | None) -> tuple[Any, int]:
+        """A cache to continue from and how many of ``ids`` it covers (always fewer than all)."""
+        cache = None
+        if past is None or past.num_tokens == 0:
+            return None, 0
+        n = past.num_tokens
+        if n > len(ids) or past.token_ids.tolist() != ids[:n]:
+            raise KVMismatch(f"the KV value's {n} tokens are not a prefix of the {len(ids)} prompt tokens")
+        if n == len(ids):
+            if not past.can_truncate(n - 1):
+                raise KVMismatch("the KV value covers the whole prompt and cannot be cut back by one token")
+            past, n = past.truncate(n - 1), n - 1
+        cache = import_kv(past, self.model.config, self.spec, self.device, self.dtype)
+        return cache, n
+
+    def _forward(self, ids: list[int], cache: Any, start: int, keep: int = 1) -> tuple[torch.Tensor, Any]:
+        """Run ``ids`` at positions ``start..``; returns the last ``keep`` logits (0 = all) and cache."""
+        x = torch.tensor([ids], device=self.device)  # (1, T)
+        pos = torch.arange(start, start + len(ids), device=self.device)[None]  # (1, T)
+        out = self.model(input_ids=x, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=keep)
+        return out.logits[0].float(), out.cache  # (keep or T, vocab)
+
+    @torch.inference_mode()
+    def _prefill_sync(self, ids: list[int], past: KVCache | None, t_submit: float) -> tuple[KVCache, Timings]:
+        self._check_length(len(ids))
+        t0 = time.perf_counter()
+        cache, start = self._start(ids, past)
+        _, cache = self._forward(ids[start:], cache, start)
+        kv = export_kv(cache, torch.tensor(ids), self.spec)
+        t1 = time.perf_counter()
+        ms = (t1 - t0) * 1000
+        timings = Timings(len(ids), start, (t0 - t_submit) * 1000, ms, (t1 - t_submit) * 1000)
+        return kv, timings
+
+    @torch.inference_mode()
+    def _score_sync(self, ids: list[int], past: KVCache | None) -> torch.Tensor:
+        self._check_length(len(ids))
+        cache, start = self._start(ids, past)
+        logits, _ = self._forward(ids[start:], cache, start, keep=0)
+        return logits.cpu()
+
+    @torch.inference_mode()
+    def _generate_sync(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        past: KVCache | None,
+        export: Export,
+        emit: Emit,
+        cancel: threading.Event,
+        t_submit: float,
+    ) -> None:
+        t0 = time.perf_counter()
+        timings = Timings(prompt_tokens=len(ids), queue_ms=(t0 - t_submit) * 1000)
+        cache, start = self._start(ids, past)
+        timings.cached_tokens = start
+        logits, cache = self._forward(ids[start:], cache, start)
+        timings.prefill_ms = (time.perf_counter() - t0) * 1000
+        kv = export_kv(cache, torch.tensor(ids), self.spec) if export == "prompt" else None
+
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(params.seed if params.seed is not None else int(time.time_ns() & 0x7FFFFFFF))
+        detok = Detokenizer(self.decode, (*params.stop, *default_stops(self.spec.template)))
+        eos = set(self.spec.special.eos_ids)
+        out: list[int] = []
+        finish = "length"
+        t_first = time.perf_counter()
+        for step in range(params.max_tokens):
+            token = _pick(logits[-1], params, gen)
+            if step == 0:
+                t_first = time.perf_counter()
+                timings.ttft_ms = (t_first - t_submit) * 1000
+            out.append(token)
+            if token in eos:
+                finish = "stop"
+                break
+            delta = detok.push(token)
+            if delta:
+                emit(TokenDelta(delta, token))
+            if detok.stopped:
+                finish = "stop"
+                break
+            if cancel.is_set():
+                finish = "cancelled"
+                break
+            if step + 1 < params.max_tokens:
+                logits, cache = self._forward([token], cache, len(ids) + step)
+        tail = detok.flush()
+        if tail:
+            emit(TokenDelta(tail, out[-1]))
+        timings.decode_ms = (time.perf_counter() - t_first) * 1000
+        timings.completion_tokens = len(out)
+        if export == "turn":
+            _, cache = self._forward(out[-1:], cache, len(ids) + len(out) - 1)
+            kv = export_kv(cache, torch.tensor(ids + out), self.spec)
+        emit(Completion(detok.text, tuple(out), finish, timings, kv))  # type: ignore[arg-type]
+
+
+def _pick(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> int:
+    """Greedy argmax, or temperature and nucleus (top-p) sampling."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < params.top_p  # always keeps the top token
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=gen))

@@ -1,0 +1,1 @@
+"""The FastAPI gateway: OpenAI-compatible agent API, hop routing, registry, admin and metrics."""

