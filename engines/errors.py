@@ -1,14 +1,14 @@
 """Errors of the engines package.
 
-    EngineError
-    ├── UnknownModel        a model name the catalog does not have
-    ├── ZooError            fetching, verifying or converting a model failed
-    │   ├── ChecksumMismatch    a downloaded file whose sha256 is not the catalog's
-    │   └── CacheDirError       the cache directory cannot be created or written
-    ├── BadPrompt           malformed messages or generation parameters
-    ├── PromptTooLong       a prompt (plus max tokens) beyond the model's context
-    ├── EngineBusy          the engine's queue is full; retry later
-    └── KVMismatch          a KV value made by another model, or inconsistent with the prompt
+EngineError
+├── UnknownModel        a model name the catalog does not have
+├── ZooError            fetching, verifying or converting a model failed
+│   ├── ChecksumMismatch    a downloaded file whose sha256 is not the catalog's
+│   └── CacheDirError       the cache directory cannot be created or written
+├── BadPrompt           malformed messages or generation parameters
+├── PromptTooLong       a prompt (plus max tokens) beyond the model's context
+├── EngineBusy          the engine's queue is full; retry later
+└── KVMismatch          a KV value made by another model, or inconsistent with the prompt
 """
 
 

@@ -42,12 +42,12 @@ def import_kv(kv: KVCache, model_config: Any, spec: ModelSpec, device: torch.dev
         raise KVMismatch(f"KV layer windows {kv.windows} differ from the model's {spec.windows}")
     if not torch.equal(kv.positions, torch.arange(kv.num_tokens)):
         raise KVMismatch("KV positions are not 0..T-1; the engine continues contiguous sequences only")
-    cache = DynamicCache(config=model_config)
+    cache: Any = DynamicCache(config=model_config)
     if len(cache.layers) != kv.num_layers:
         raise KVMismatch(f"KV has {kv.num_layers} layers, the model {len(cache.layers)}")
     for layer, k, v in zip(cache.layers, kv.keys, kv.values, strict=True):
         H, _, D = k.shape
-        if (H, D) != (spec.num_kv_heads, spec.head_dim):
+        if (spec.num_kv_heads, spec.head_dim) != (H, D):
             raise KVMismatch(f"KV heads x dim {H}x{D}, the model has {spec.num_kv_heads}x{spec.head_dim}")
         k1 = k.to(device=device, dtype=dtype).unsqueeze(0)  # (H, T_l, D) -> (1, H, T_l, D)
         v1 = v.to(device=device, dtype=dtype).unsqueeze(0)

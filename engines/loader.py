@@ -15,13 +15,13 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engines.catalog import ZooEntry  # noqa: E402
-from engines.errors import ZooError  # noqa: E402
-from heterofold.spec import ModelSpec, SpecialTokens, fingerprint  # noqa: E402
+from engines.catalog import ZooEntry
+from engines.errors import ZooError
+from heterofold.spec import ModelSpec, SpecialTokens, fingerprint
 
 # Tokens that end a turn, by template, besides the tokenizer's own EOS.
 _TURN_END = {"chatml": ("<|im_end|>", "<|endoftext|>"), "plain": ("<eos>", "<end_of_turn>")}
@@ -42,7 +42,7 @@ def convert_gguf(entry: ZooEntry, gguf: Path, out_dir: Path, progress: Any) -> d
     kwargs = {"gguf_file": gguf.name, "local_files_only": True}
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+        model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     except Exception as exc:  # transformers raises many types for a bad GGUF
         raise ZooError(f"{entry.name}: transformers could not read {gguf}: {exc}") from exc
     progress("convert", 1, 3)
@@ -72,7 +72,7 @@ def load_converted(folder: Path, manifest: dict[str, Any], device: str = "cpu") 
     """Load a converted model folder (a second or two) and build its spec."""
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
     model.to(device).eval()
     spec = ModelSpec.from_hf(
         name=manifest["name"],

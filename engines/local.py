@@ -39,7 +39,9 @@ class LocalEngine(Engine):
         self._worker = Worker(self.spec.name, capacity)
 
     @classmethod
-    def from_zoo(cls, name: str, *, zoo: Zoo | None = None, device: str | None = None, capacity: int = 8) -> LocalEngine:
+    def from_zoo(
+        cls, name: str, *, zoo: Zoo | None = None, device: str | None = None, capacity: int = 8
+    ) -> LocalEngine:
         """Load a zoo model, fetching and converting it first if this cache lacks it."""
         zoo = zoo or Zoo()
         entry = lookup(name)

@@ -34,7 +34,9 @@ class CheckResult:
         return self.max_abs_logit_diff <= TOLERANCE and self.generation_equal
 
 
-async def check_engine(engine: Engine, *, prefix_tokens: int = 720, suffix_tokens: int = 48, generate: int = 24) -> CheckResult:
+async def check_engine(
+    engine: Engine, *, prefix_tokens: int = 720, suffix_tokens: int = 48, generate: int = 24
+) -> CheckResult:
     """Run the check on ``engine``. Raises ValueError for sizes the text cannot give."""
     if prefix_tokens < 1 or suffix_tokens < 1:
         raise ValueError("prefix and suffix need at least one token each")

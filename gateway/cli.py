@@ -1,10 +1,10 @@
 """The ``heterofold`` command line.
 
-    heterofold models list                 the zoo: family, shapes, cache state
-    heterofold models pull [NAME|all]      fetch, verify and convert, with progress bars
-    heterofold models check [NAME|all]     exact KV export/import check; exit 1 if any fails
-    heterofold chat MODEL MESSAGE          stream one reply from the embedded engine
-    heterofold run                         the main job (see ``run``)
+heterofold models list                 the zoo: family, shapes, cache state
+heterofold models pull [NAME|all]      fetch, verify and convert, with progress bars
+heterofold models check [NAME|all]     exact KV export/import check; exit 1 if any fails
+heterofold chat MODEL MESSAGE          stream one reply from the embedded engine
+heterofold run                         the main job (see ``run``)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -194,3 +194,7 @@ def run(cache_dir: CacheDir = None) -> None:
     models_check("all", cache_dir=cache_dir)
     for entry in CATALOG.values():
         chat(entry.name, "In one sentence: why do caches make programs faster?", cache_dir=cache_dir)
+
+
+if __name__ == "__main__":
+    app()

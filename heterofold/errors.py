@@ -1,10 +1,10 @@
 """Errors of the method package.
 
-    HeteroFoldError
-    ├── KVFormatError          a KV value or payload that is malformed or of another format
-    │   └── KVChecksumError    a payload whose bytes do not match its checksum
-    └── AdapterError           an adapter that cannot be built, loaded or applied
-        └── FingerprintMismatch    an adapter or KV value made for another model
+HeteroFoldError
+├── KVFormatError          a KV value or payload that is malformed or of another format
+│   └── KVChecksumError    a payload whose bytes do not match its checksum
+└── AdapterError           an adapter that cannot be built, loaded or applied
+    └── FingerprintMismatch    an adapter or KV value made for another model
 """
 
 

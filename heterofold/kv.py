@@ -44,7 +44,7 @@ class KVCache:
             raise KVFormatError(f"positions shape {tuple(self.positions.shape)} != ({T},)")
         if not (len(self.keys) == len(self.values) == len(self.windows)):
             raise KVFormatError("keys, values and windows must have one entry per layer")
-        for i, (k, v, w) in enumerate(zip(self.keys, self.values, self.windows, strict=True)):
+        for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
             if k.dim() != 3 or k.shape != v.shape:
                 raise KVFormatError(f"layer {i}: K {tuple(k.shape)} and V {tuple(v.shape)} differ or not 3-D")
             if k.shape[1] != self.stored_length(i):

@@ -73,9 +73,7 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
     @classmethod
-    def from_hf(
-        cls, *, name: str, config: Any, template: str, special: SpecialTokens, fingerprint: str
-    ) -> ModelSpec:
+    def from_hf(cls, *, name: str, config: Any, template: str, special: SpecialTokens, fingerprint: str) -> ModelSpec:
         n_layers = int(config.num_hidden_layers)
         n_heads = int(config.num_attention_heads)
         hidden = int(config.hidden_size)
@@ -139,5 +137,5 @@ def fingerprint(tensors: Iterable[tuple[str, torch.Tensor]], config: Mapping[str
     h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
     for name, t in sorted(tensors, key=lambda item: item[0]):
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
-        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()
