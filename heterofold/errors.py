@@ -3,8 +3,9 @@
 HeteroFoldError
 ├── KVFormatError          a KV value or payload that is malformed or of another format
 │   └── KVChecksumError    a payload whose bytes do not match its checksum
-└── AdapterError           an adapter that cannot be built, loaded or applied
-    └── FingerprintMismatch    an adapter or KV value made for another model
+├── AdapterError           an adapter that cannot be built, loaded or applied
+│   └── FingerprintMismatch    an adapter or KV value made for another model
+└── TaskFormatError        a task file (JSONL) that cannot be read as evaluation items
 """
 
 
@@ -25,4 +26,8 @@ class AdapterError(HeteroFoldError):
 
 
 class FingerprintMismatch(AdapterError):
+    pass
+
+
+class TaskFormatError(HeteroFoldError):
     pass

@@ -1,0 +1,190 @@
+"""Question-aware choice of the receiver's context tokens to recompute natively.
+
+After a cross-family transfer the receiver recomputes a small budget of context tokens through all
+its layers; the rest keep their mapped KV. The first prototype found that the whole sentence that
+holds the answer must be native, and that picking by position or by the sender's attention misses
+it. The hop's new message (the question) is known when the transfer runs, so the choice is lexical:
+
+1. Spans. ``sentence_spans`` cuts the context after ``.``, ``!`` or ``?`` that end a sentence
+   (followed by whitespace or the end, so ``os.path`` and ``3.14`` stay whole) and at every
+   newline. Spans are trimmed of whitespace; a span with no letter or digit is dropped; a span longer
+   than ``MAX_SPAN_CHARS`` (about 40 tokens at about 4 characters a token) is cut into near-equal
+   chunks at spaces.
+2. Words. Text is case-folded and split on anything that is not a letter or digit (any script), so
+   "Zoë's" gives "zoë" and "s". Stopwords (function words, question words, contraction pieces such
+   as "s" and "t") are dropped, and a light suffix stemmer maps "lives", "lived", "living" and "live"
+   to one stem. Digits are words like any other; nothing here knows what an answer looks like.
+3. Score. Each span gets BM25 (k1 = 1.2, b = 0.75) over the question's distinct content words, with
+   IDF over the context's spans.
+4. Choose. Spans with a positive score are taken in descending score, ties to the earlier span, each
+   adding every token whose character span overlaps it, until ``k`` tokens are chosen. The span that
+   does not fit whole is taken in part: first the tokens of its words that match the question, then
+   its other tokens nearest to those (ties to the earlier one); then the choice stops.
+5. Leftover budget. Spans that score zero are never chosen as such. When every scoring span fits
+   and budget is left, the remaining tokens are filled in by token distance to the nearest chosen
+   token (ties to the earlier), which widens the context around each hit, as the passkey needle
+   "... 48213. Remember it. 48213 ..." needs; if nothing scores, the most recent tokens are taken,
+   as a tail window would.
+
+``k = ceil(budget * len(offsets))`` (rounded to 9 decimals first, so 0.07 * 100 gives 7), raised to
+``min_tokens``, and capped at the number of tokens with a non-empty span; tokens with an empty span,
+such as BOS at (0, 0), are never chosen. A budget of 0 chooses nothing, whatever ``min_tokens``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+MAX_SPAN_CHARS = 160
+BM25_K1 = 1.2
+BM25_B = 0.75
+
+_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)|\n")
+_WORD = re.compile(r"[^\W_]+")
+STOPWORDS = frozenset((  # function and question words, and the pieces contractions split into
+    "a", "an", "the", "and", "or", "but", "nor", "not", "no", "yes", "of", "to", "in", "on", "at", "by", "for",
+    "from", "with", "without", "into", "onto", "over", "under", "about", "as", "is", "are", "was", "were", "be",
+    "been", "being", "am", "do", "does", "did", "done", "doing", "have", "has", "had", "having", "will", "would",
+    "shall", "should", "can", "could", "may", "might", "must", "i", "me", "my", "mine", "you", "your", "yours",
+    "he", "him", "his", "she", "her", "hers", "it", "its", "we", "us", "our", "ours", "they", "them", "their",
+    "theirs", "this", "that", "these", "those", "there", "here", "what", "which", "who", "whom", "whose", "when",
+    "where", "why", "how", "all", "any", "some", "if", "then", "than", "so", "too", "very", "just", "also", "again",
+    "please", "s", "t", "d", "ll", "m", "re", "ve", "don", "doesn", "didn", "isn", "aren", "wasn", "weren", "won",
+    "hasn", "haven", "hadn", "wouldn", "shouldn", "couldn", "cannot",
+))  # fmt: skip
+
+
+def sentence_spans(context: str) -> list[tuple[int, int]]:
+    """Sorted, disjoint ``(start, end)`` character spans of the context's sentences (module docstring, step 1)."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for m in _SENTENCE_END.finditer(context):
+        _add_span(context, start, m.end(), spans)
+        start = m.end()
+    _add_span(context, start, len(context), spans)
+    return spans
+
+
+def _add_span(context: str, start: int, end: int, spans: list[tuple[int, int]]) -> None:
+    while end - start > MAX_SPAN_CHARS:
+        ideal = start + (end - start) // math.ceil((end - start) / MAX_SPAN_CHARS)  # near-equal chunks
+        cut = next((c for c in range(ideal, (start + ideal) // 2, -1) if context[c].isspace()), ideal)
+        _add_trimmed(context, start, cut, spans)
+        start = cut
+    _add_trimmed(context, start, end, spans)
+
+
+def _add_trimmed(context: str, start: int, end: int, spans: list[tuple[int, int]]) -> None:
+    piece = context[start:end]
+    start, end = start + len(piece) - len(piece.lstrip()), start + len(piece.rstrip())
+    if start < end and _WORD.search(context, start, end):
+        spans.append((start, end))
+
+
+def select_tokens(
+    context: str, offsets: Sequence[tuple[int, int]], question: str, budget: float, *, min_tokens: int = 0
+) -> list[int]:
+    """Sorted indices of the context tokens to recompute natively, at most ``k`` of them (module docstring).
+
+    ``offsets[i]`` is token i's ``(start, end)`` character span in ``context``; tokens are expected in
+    text order. Raises ``ValueError`` for a budget outside [0, 1], a negative ``min_tokens`` or a span
+    outside the context.
+    """
+    if not 0.0 <= budget <= 1.0:
+        raise ValueError(f"budget must be a fraction in [0, 1], got {budget}")
+    if min_tokens < 0:
+        raise ValueError(f"min_tokens must not be negative, got {min_tokens}")
+    for i, (s, e) in enumerate(offsets):
+        if not 0 <= s <= e <= len(context):
+            raise ValueError(f"token {i} has span ({s}, {e}) outside a context of {len(context)} characters")
+    live = [i for i, (s, e) in enumerate(offsets) if e > s]
+    if budget == 0.0 or not live:
+        return []
+    k = min(len(live), max(math.ceil(round(budget * len(offsets), 9)), min_tokens))
+
+    spans = sentence_spans(context)
+    words = [_words(context, s, e) for s, e in spans]
+    query = {stem for stem, _, _ in _words(question, 0, len(question))}
+    scores = _bm25([[stem for stem, _, _ in ws] for ws in words], query)
+    tokens = _tokens_per_span(spans, offsets, live)
+
+    chosen: set[int] = set()
+    for j in sorted((j for j, score in enumerate(scores) if score > 0), key=lambda j: (-scores[j], j)):
+        new = [t for t in tokens[j] if t not in chosen]
+        if len(chosen) + len(new) > k:  # take this span in part, around its matched words, and stop
+            matched = _tokens_per_span([(s, e) for stem, s, e in words[j] if stem in query], offsets, live)
+            anchors = {t for ts in matched for t in ts} or {new[len(new) // 2]}
+            chosen.update(_nearest(new, anchors, k - len(chosen)))
+            return sorted(chosen)
+        chosen.update(new)
+    if not chosen:
+        return live[-k:]
+    chosen.update(_nearest([t for t in live if t not in chosen], chosen, k - len(chosen)))
+    return sorted(chosen)
+
+
+def _words(text: str, start: int, end: int) -> list[tuple[str, int, int]]:
+    """``(stem, start, end)`` of each content word of ``text[start:end]``, positions in ``text``."""
+    out = []
+    for m in _WORD.finditer(text, start, end):
+        word = m.group().casefold()
+        if word not in STOPWORDS:
+            out.append((_stem(word), m.start(), m.end()))
+    return out
+
+
+def _stem(word: str) -> str:
+    """A light suffix stemmer: plural and verb endings, so "cities"/"city" and "lives"/"lived"/"live" meet."""
+    if len(word) > 4 and word.endswith("ies"):
+        word = word[:-3] + "y"
+    elif len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    for suffix in ("ing", "ed"):
+        if len(word) > len(suffix) + 2 and word.endswith(suffix):
+            word = word[: -len(suffix)]
+            break
+    if len(word) > 3 and word.endswith("e"):
+        word = word[:-1]
+    return word
+
+
+def _bm25(docs: list[list[str]], query: set[str]) -> list[float]:
+    """BM25 of each document (a list of stems) for the distinct stems of ``query``, IDF over ``docs``."""
+    n = len(docs)
+    df = Counter(stem for doc in docs for stem in set(doc) & query)
+    idf = {stem: math.log(1 + (n - count + 0.5) / (count + 0.5)) for stem, count in df.items()}
+    avgdl = sum(map(len, docs)) / n if n else 0.0
+    scores = []
+    for doc in docs:
+        norm = BM25_K1 * (1 - BM25_B + BM25_B * len(doc) / avgdl) if avgdl else BM25_K1
+        tf = Counter(stem for stem in doc if stem in query)
+        scores.append(sum(idf[stem] * f * (BM25_K1 + 1) / (f + norm) for stem, f in tf.items()))
+    return scores
+
+
+def _tokens_per_span(
+    spans: Sequence[tuple[int, int]], offsets: Sequence[tuple[int, int]], live: list[int]
+) -> list[list[int]]:
+    """For each of the sorted, disjoint ``spans``, the tokens of ``live`` whose span overlaps it."""
+    starts, ends = [s for s, _ in spans], [e for _, e in spans]
+    out: list[list[int]] = [[] for _ in spans]
+    for t in live:
+        s, e = offsets[t]
+        for j in range(bisect.bisect_right(ends, s), bisect.bisect_left(starts, e)):
+            out[j].append(t)
+    return out
+
+
+def _nearest(candidates: list[int], anchors: set[int], n: int) -> list[int]:
+    """The ``n`` candidates nearest (in token index) to any anchor, ties to the earlier token."""
+    marks = sorted(anchors)
+
+    def distance(t: int) -> int:
+        i = bisect.bisect_left(marks, t)
+        return min(abs(t - marks[j]) for j in (i - 1, i) if 0 <= j < len(marks))
+
+    return sorted(candidates, key=lambda t: (distance(t), t))[:n]

@@ -1,0 +1,223 @@
+"""The selector sees only character spans of tokens. These tests make the spans with a whitespace split
+(plus a BOS at (0, 0)), a stand-in for the models' tokenizers so that no model has to load; the
+transfer path passes the receiver tokenizer's real offsets, which are finer (sub-words, separate
+spaces), and ``test_subword_offsets_cover_the_whole_sentence`` checks that granularity too."""
+
+import math
+import re
+
+import pytest
+
+from heterofold.select import MAX_SPAN_CHARS, select_tokens, sentence_spans
+from heterofold.suite import builtin_suite
+
+FILLER = (
+    "Return a new list containing all items from the iterable in ascending order. "
+    "A custom key function can be supplied to customize the sort order. "
+    "The reverse flag can be set to request the result in descending order.\n"
+)
+
+
+def ws_offsets(text: str) -> list[tuple[int, int]]:
+    """A BOS, then one token per run of non-space characters."""
+    return [(0, 0)] + [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+
+
+def chosen_text(text: str, offsets: list[tuple[int, int]], chosen: list[int]) -> str:
+    return " ".join(text[offsets[i][0] : offsets[i][1]] for i in chosen)
+
+
+def budget_for(n_tokens: int, offsets: list[tuple[int, int]]) -> float:
+    """The budget that allows exactly ``n_tokens``."""
+    return n_tokens / len(offsets)
+
+
+def sentence_of(context: str, answer: str) -> list[tuple[int, int]]:
+    """Each sentence holding the answer, by a naive rule independent of ``sentence_spans``: from the
+    last '.', '!', '?' or newline before the answer to the first one after it."""
+    spans, key, at = [], answer.casefold(), context.casefold().find(answer.casefold())
+    while at >= 0:
+        start = max(context.rfind(c, 0, at) for c in ".!?\n") + 1
+        ends = [e for e in (context.find(c, at + len(answer)) for c in ".!?\n") if e >= 0]
+        start += len(context[start:]) - len(context[start:].lstrip())
+        spans.append((start, min(ends, default=len(context) - 1) + 1))
+        at = context.casefold().find(key, at + 1)
+    return spans
+
+
+# --- sentence spans ------------------------------------------------------------------------------
+
+
+def test_sentence_spans_split_at_sentence_ends_and_newlines() -> None:
+    text = "First one. Second one!\nThird line? os.path.join and 3.14 stay whole.\n\n  Last words"
+    assert [text[s:e] for s, e in sentence_spans(text)] == [
+        "First one.", "Second one!", "Third line?", "os.path.join and 3.14 stay whole.", "Last words",
+    ]  # fmt: skip
+
+
+def test_sentence_spans_drop_blank_and_punctuation_only_pieces() -> None:
+    text = "Hello there.\n\n---\n  >>> \n...\n\tWorld ends here"
+    assert [text[s:e] for s, e in sentence_spans(text)] == ["Hello there.", "World ends here"]
+
+
+def test_long_span_without_punctuation_is_cut_into_chunks_at_spaces() -> None:
+    text = " ".join(f"word{i}" for i in range(300))
+    pieces = [text[s:e] for s, e in sentence_spans(text)]
+    assert len(pieces) == math.ceil(len(text) / MAX_SPAN_CHARS)
+    assert all(MAX_SPAN_CHARS / 2 <= len(p) <= MAX_SPAN_CHARS for p in pieces)
+    assert " ".join(pieces).split() == text.split()
+
+
+def test_long_word_is_cut_even_without_spaces() -> None:
+    text = "x" * 1000
+    spans = sentence_spans(text)
+    assert all(e - s <= MAX_SPAN_CHARS for s, e in spans) and "".join(text[s:e] for s, e in spans) == text
+
+
+# --- choosing ------------------------------------------------------------------------------------
+
+
+def test_selector_picks_the_sentence_that_shares_words_with_the_question() -> None:
+    target = "Maria Okafor lives in Lisbon."
+    context = FILLER + "Maria Okafor has a pet ferret.\n" + FILLER + target + "\n" + FILLER
+    offsets = ws_offsets(context)
+    chosen = select_tokens(context, offsets, "Where does Maria Okafor live?", budget_for(5, offsets))
+    assert chosen_text(context, offsets, chosen) == target
+
+
+def test_selector_prefers_the_needle_over_distractors_sharing_words() -> None:
+    context = (
+        FILLER + "The code word for the amber tower is falcon.\n" + FILLER
+        + "The access number for the jade gate is 4821.\n" + FILLER
+        + "The code word for the amber gate is walrus.\n" + FILLER
+    )  # fmt: skip
+    offsets = ws_offsets(context)
+    chosen = select_tokens(context, offsets, "What is the code word for the amber gate?", budget_for(9, offsets))
+    assert chosen_text(context, offsets, chosen) == "The code word for the amber gate is walrus."
+
+
+@pytest.mark.parametrize(
+    ("question", "expected"),
+    [
+        ("When does Zoë's café open?", "Zoë's café opens at 7."),
+        ("Who booked room 4512?", "Room 4512 is booked for Friday."),
+        ("Isn't it raining in KRAKÓW?", "It's raining in Kraków today."),
+        ("What's the Straße called?", "Die Straße heißt Müllerweg."),
+    ],
+)
+def test_selector_handles_unicode_contractions_and_digits(question: str, expected: str) -> None:
+    context = (
+        FILLER + "Zoë's café opens at 7.\nRoom 4512 is booked for Friday.\n" + FILLER
+        + "It's raining in Kraków today. Die Straße heißt Müllerweg.\n" + FILLER
+    )  # fmt: skip
+    offsets = ws_offsets(context)
+    chosen = select_tokens(context, offsets, question, budget_for(len(expected.split()), offsets))
+    assert chosen_text(context, offsets, chosen) == expected
+
+
+def test_equal_scores_go_to_the_earlier_sentence() -> None:
+    context = FILLER + "The lock opens with brass.\n" + FILLER + "The lock opens with steel.\n"
+    offsets = ws_offsets(context)
+    chosen = select_tokens(context, offsets, "lock?", budget_for(5, offsets))
+    assert chosen_text(context, offsets, chosen) == "The lock opens with brass."
+
+
+def test_sentence_that_overflows_the_budget_keeps_its_matched_word_and_neighbours() -> None:
+    target = "one two three four five six seven eight nine ten heron eleven twelve thirteen fourteen."
+    context = FILLER + target + "\n" + FILLER
+    offsets = ws_offsets(context)
+    chosen = select_tokens(context, offsets, "Where is the heron?", budget_for(3, offsets))
+    assert chosen_text(context, offsets, chosen) == "ten heron eleven"
+
+
+def test_leftover_budget_widens_the_context_around_the_hits() -> None:
+    prose = "The weather was mild and the river ran slowly past the old mill.\n"
+    context = prose * 2 + "The pass key is 48213. Remember it. 48213 is the pass key.\n" + prose * 2
+    offsets = ws_offsets(context)
+    chosen = select_tokens(context, offsets, "What is the pass key?", budget_for(14, offsets))
+    assert (
+        chosen_text(context, offsets, chosen) == "mill. The pass key is 48213. Remember it. 48213 is the pass key. The"
+    )
+
+
+def test_question_without_shared_words_takes_the_most_recent_tokens() -> None:
+    context = FILLER * 3
+    offsets = ws_offsets(context)
+    assert select_tokens(context, offsets, "Zebra?", budget_for(6, offsets)) == list(
+        range(len(offsets) - 6, len(offsets))
+    )
+    assert select_tokens(context, offsets, "What is it?", budget_for(2, offsets)) == [
+        len(offsets) - 2,
+        len(offsets) - 1,
+    ]
+
+
+def test_subword_offsets_cover_the_whole_sentence() -> None:
+    target = "Maria Okafor lives in Lisbon."
+    context = FILLER + target + "\n" + FILLER
+    # three-character pieces, with each space its own token, as some BPE vocabularies split digits and spaces
+    offsets = [(0, 0)] + [(m.start(), m.end()) for m in re.finditer(r"\S{1,3}|\s", context)]
+    chosen = select_tokens(context, offsets, "Where does Maria Okafor live?", 0.1)
+    start = context.index(target)
+    covered = {c for i in chosen for c in range(*offsets[i])}
+    assert set(range(start, start + len(target))) <= covered
+
+
+# --- budget --------------------------------------------------------------------------------------
+
+
+def test_selector_never_exceeds_budget_and_spends_it() -> None:
+    item = builtin_suite(lengths=(512,))[0]
+    offsets = ws_offsets(item.context)
+    live = len(offsets) - 1
+    for budget in (0.001, 0.01, 0.02, 0.05, 0.1, 0.33, 0.5, 0.9, 0.999):
+        chosen = select_tokens(item.context, offsets, item.question, budget)
+        assert chosen == sorted(set(chosen)) and 0 not in chosen, budget
+        assert len(chosen) == min(math.ceil(budget * len(offsets)), live), budget
+
+
+def test_budget_fraction_is_rounded_before_the_ceiling() -> None:
+    context = " ".join(f"w{i}" for i in range(100))
+    offsets = [(m.start(), m.end()) for m in re.finditer(r"\S+", context)]
+    assert len(select_tokens(context, offsets, "w5", 0.07)) == 7  # 0.07 * 100 == 7.000000000000001
+
+
+def test_zero_budget_selects_nothing_and_full_budget_every_token_with_a_span() -> None:
+    context = FILLER
+    offsets = [*ws_offsets(context), (len(context), len(context))]
+    assert select_tokens(context, offsets, "key function", 0.0, min_tokens=10) == []
+    assert select_tokens(context, offsets, "key function", 1.0) == list(range(1, len(offsets) - 1))
+
+
+def test_min_tokens_raises_the_floor_up_to_the_context() -> None:
+    context = FILLER * 4
+    offsets = ws_offsets(context)
+    assert len(select_tokens(context, offsets, "key", 0.01, min_tokens=20)) == 20
+    assert len(select_tokens(context, offsets, "key", 0.01, min_tokens=10**6)) == len(offsets) - 1
+
+
+@pytest.mark.parametrize(
+    ("budget", "min_tokens", "offsets"),
+    [(-0.1, 0, [(0, 3)]), (1.5, 0, [(0, 3)]), (float("nan"), 0, [(0, 3)]), (0.5, -1, [(0, 3)]),
+     (0.5, 0, [(3, 1)]), (0.5, 0, [(0, 99)]), (0.5, 0, [(-1, 2)])],
+)  # fmt: skip
+def test_selector_refuses_bad_arguments(budget: float, min_tokens: int, offsets: list[tuple[int, int]]) -> None:
+    with pytest.raises(ValueError):
+        select_tokens("abc def", offsets, "abc", budget, min_tokens=min_tokens)
+
+
+# --- the built-in suite --------------------------------------------------------------------------
+
+
+def test_needle_sentences_of_the_builtin_suite_are_selected_at_five_percent() -> None:
+    missed = []
+    for item in builtin_suite(lengths=(1024, 2048, 4096)):
+        offsets = ws_offsets(item.context)
+        chosen = set(select_tokens(item.context, offsets, item.question, 0.05))
+        needed = {
+            i for i, (s, e) in enumerate(offsets) for a, b in sentence_of(item.context, item.answer) if s < b and e > a
+        }
+        assert len(sentence_of(item.context, item.answer)) == (2 if item.kind == "passkey" else 1)
+        if not needed <= chosen:
+            missed.append(item.id)
+    assert missed == []
