@@ -1,0 +1,77 @@
+"""The event stream the dashboard reads: one Redis stream for every node.
+
+Kinds and their fields (all values are strings; ``ts`` is unix seconds, ``node`` the writer):
+    kv.stored      handle, fingerprint, tokens, bytes, tier
+    kv.hit         handle, fingerprint, tokens (matched), tier
+    kv.promoted    handle, tier (new), from
+    kv.demoted     handle, tier (new), from
+    kv.evicted     handle, tier, reason ("budget", "corrupt", "missing", "orphan")
+    prefill.saved  fingerprint, tokens, and whatever the caller adds (e.g. ms)
+    oom.alert      reason ("no_space", "high_water", "engine_pressure", "tier_unavailable"), tier, detail
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+import redis
+
+from store.connection import redis_errors
+from store.errors import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+KINDS = ("kv.stored", "kv.hit", "kv.promoted", "kv.demoted", "kv.evicted", "prefill.saved", "oom.alert")
+
+
+class Event(NamedTuple):
+    id: str  # the stream entry id, the cursor for the next read
+    kind: str
+    fields: dict[str, str]
+
+
+class EventLog:
+    def __init__(self, client: redis.Redis, key: str, node: str, maxlen: int, ttl_s: int) -> None:
+        self.client = client
+        self.key = key
+        self.node = node
+        self.maxlen = maxlen
+        self.ttl_s = ttl_s
+
+    def entry(self, kind: str, now: float, **fields: object) -> dict[str, str]:
+        """The stream entry for an event, for writers that add it inside their own transaction."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown event kind {kind!r}")
+        return {"kind": kind, "ts": repr(now), "node": self.node, **{k: str(v) for k, v in fields.items()}}
+
+    def emit(self, kind: str, now: float, **fields: object) -> None:
+        """Append an event. Raises ``StoreUnavailable`` when Redis is down."""
+        entry = self.entry(kind, now, **fields)
+        with redis_errors("event"), self.client.pipeline(transaction=True) as pipe:
+            pipe.xadd(self.key, entry, maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
+            pipe.expire(self.key, self.ttl_s)
+            pipe.execute()
+
+    def emit_quietly(self, kind: str, now: float, **fields: object) -> None:
+        """Append an event where failing to record it must not fail the operation (an alert raised
+        while Redis is down is logged instead)."""
+        try:
+            self.emit(kind, now, **fields)
+        except StoreUnavailable as exc:
+            log.warning("event %s not recorded (%s): %s", kind, exc, fields)
+
+    def read(self, after: str = "0-0", count: int = 100, block_ms: int | None = None) -> list[Event]:
+        """Events after stream id ``after``, oldest first; ``block_ms`` waits for new ones."""
+        rows: Any
+        with redis_errors("read events"):
+            if block_ms is None:
+                rows = self.client.xrange(self.key, min=f"({after}", count=count)
+            else:
+                streams: Any = self.client.xread({self.key: after}, count=count, block=block_ms)
+                rows = streams[0][1] if streams else []
+        out = []
+        for entry_id, raw in rows:
+            fields = {k.decode(): v.decode() for k, v in raw.items()}
+            out.append(Event(entry_id.decode(), fields.pop("kind", ""), fields))
+        return out
