@@ -27,6 +27,7 @@ class StoreConfig:
     ssd_fsync: bool = False  # rename already hides partial files from a crash; fsync guards power loss
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "data_dir", Path(self.data_dir))  # a str from a settings file
         if self.page_size < 1:
             raise ValueError(f"page_size must be positive, got {self.page_size}")
         for name in ("device_budget", "cpu_budget", "ssd_budget"):

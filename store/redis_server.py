@@ -2,7 +2,7 @@
 
 Used when no Redis URL is configured. It listens on 127.0.0.1 only, keeps its files (append-only
 log, log file) under ``<data_dir>/redis`` so that the index survives a restart together with the
-SSD tier, and is stopped with SHUTDOWN, falling back to SIGTERM and then SIGKILL.
+SSD tier, and is stopped with SIGTERM (a clean shutdown for redis-server), then SIGKILL if it hangs.
 """
 
 from __future__ import annotations
@@ -98,22 +98,18 @@ class EmbeddedRedis:
         raise EmbeddedRedisError(f"redis-server did not answer on port {self.port} within {self.start_timeout_s} s")
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """SHUTDOWN (which flushes the append-only log), then SIGTERM, then SIGKILL."""
+        """SIGTERM, which redis-server handles as SHUTDOWN (flushing the append-only log), then
+        SIGKILL if it has not exited within ``timeout_s``."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5, socket_timeout=2.0)
-        try:
-            client.shutdown(nosave=False)
-        except redis.exceptions.RedisError:
-            proc.terminate()  # SHUTDOWN refused or the connection dropped as the server went away
-        finally:
-            client.close()
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         if proc.stderr:
             proc.stderr.close()
 

@@ -65,7 +65,8 @@ class SsdTier(Tier):
             if self.fsync:
                 self._fsync_dir()
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            with suppress(OSError):
+                tmp.unlink(missing_ok=True)
             raise TierUnavailable(f"ssd tier: cannot write {final}: {exc}") from exc
         self._sizes[handle_id] = len(blob)
         return Stored(location=str(final), nbytes=len(blob), checksum=payload.checksum)
