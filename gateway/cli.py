@@ -196,5 +196,31 @@ def run(cache_dir: CacheDir = None) -> None:
         chat(entry.name, "In one sentence: why do caches make programs faster?", cache_dir=cache_dir)
 
 
+bench_app = typer.Typer(help="Benchmarks: same-run ratios.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("store")
+def bench_store(
+    json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    tokens: Annotated[int, typer.Option(min=16, help="Tokens of the synthetic smollm2-shaped KV value.")] = 2048,
+    repeats: Annotated[int, typer.Option(min=1)] = 10,
+    lookups: Annotated[int, typer.Option(min=100)] = 2000,
+    fsync: Annotated[bool, typer.Option(help="fsync writes, read cold: the disk, not the page cache.")] = False,
+    redis_url: Annotated[str | None, typer.Option(help="Redis for the lookups (default: embedded).")] = None,
+) -> None:
+    """CPU and SSD tier bandwidth against memcpy and plain file I/O, and index lookup latency."""
+    from bench.store_bench import report
+    from bench.store_bench import run as run_bench
+    from store.errors import StoreError
+
+    try:
+        result = run_bench(tokens=tokens, repeats=repeats, lookups=lookups, redis_url=redis_url, fsync=fsync)
+    except StoreError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    print(json.dumps(result.to_json(), indent=2) if json_out else report(result))
+
+
 if __name__ == "__main__":
     app()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from heterofold.kv import KVCache
@@ -15,7 +16,12 @@ def _own(t: torch.Tensor) -> torch.Tensor:
     would keep a larger buffer (a truncated value, an engine's page pool) alive or let its owner
     change what we hold."""
     out = torch.empty(t.shape, dtype=t.dtype, device="cpu")
-    out.copy_(t.detach())
+    if t.device.type == "cpu" and t.is_contiguous() and t.dim() > 0 and t.numel() > 0:
+        # A plain memcpy through numpy: torch's multi-threaded copy_ of a CPU tensor of a few MB
+        # stalls waking its thread pool (0.2 GB/s against 16 GB/s measured on a 2-core machine).
+        np.copyto(out.view(torch.uint8).numpy(), t.detach().view(torch.uint8).numpy())
+    else:
+        out.copy_(t.detach())
     return out
 
 

@@ -187,3 +187,16 @@ def test_engine_memory_pressure_skips_the_device_tier_with_an_alert(open_store: 
     store.check_engines()
     reasons = [e.fields["reason"] for e in store.events.read(count=100) if e.kind == "oom.alert"]
     assert reasons == ["engine_pressure", "engine_pressure"]
+
+
+def test_stored_value_is_a_copy_the_callers_buffers_cannot_change(open_store: Callable[..., KVStore]) -> None:
+    store = open_store()
+    scope = store.scope(FP, "t")
+    kv = make_kv(tokens(0))
+    original = make_kv(tokens(0))
+    store.put(scope, kv)
+    for t in kv.keys + kv.values:
+        t.zero_()  # as an engine reusing its page pool would
+    match = store.lookup(scope, tokens(0))
+    assert match is not None
+    assert_same(store.load(match), original)
