@@ -113,8 +113,10 @@ class KVStore:
         ids = kv.token_ids.tolist()
         handle_id = scope.identity(ids).handle_id
         ps = scope.page_size
-        pages = tuple(h for i, h in enumerate(scope.pages(ids), 1) if kv.can_truncate(i * ps))
-        indexed = max((i * ps for i in range(1, len(ids) // ps + 1) if kv.can_truncate(i * ps)), default=0)
+        chain = scope.pages(ids)
+        cuts = [i for i in range(1, len(chain) + 1) if kv.can_truncate(i * ps)]  # pages a lookup may end at
+        pages = tuple(chain[i - 1] for i in cuts)
+        indexed = cuts[-1] * ps if cuts else 0
         if not pages:
             return PutResult(handle_id, "skipped", None, 0, "no full-page boundary the value can be cut at")
         with self._lock:
@@ -199,18 +201,20 @@ class KVStore:
                 del self._pins[handle_id]
 
     def is_pinned(self, handle_id: str) -> bool:
-        return self._pins[handle_id] > 0 if handle_id in self._pins else False
+        return self._pins[handle_id] > 0
 
     def prefill_saved(self, scope: Scope, tokens: int, **fields: object) -> None:
         """Record prefill the caller skipped thanks to a hit (for the dashboard's savings)."""
         self.events.emit("prefill.saved", self.clock(), fingerprint=scope.fingerprint, tokens=tokens, **fields)
 
     def check_engines(self) -> None:
-        """Raise an ``oom.alert`` for each engine that now reports memory pressure (call it
-        periodically; placement checks too)."""
-        for tier in self.tiers:
-            if isinstance(tier, DeviceTier) and tier.cache.memory().pressure:
-                self.placer.alert("engine_pressure", tier.name, f"engine {tier.cache.fingerprint[:16]}")
+        """Raise an ``oom.alert`` for each engine that has started reporting memory pressure since
+        the last check (call it periodically; placement notices pressure too)."""
+        with self._lock:
+            for tier in self.tiers:
+                if isinstance(tier, DeviceTier):
+                    engine = f"engine {tier.cache.fingerprint[:16]}"
+                    self.placer.engine_pressure(tier, tier.cache.memory().pressure, engine)
 
     def usage(self) -> list[TierUsage]:
         with self._lock:

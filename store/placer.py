@@ -39,6 +39,7 @@ class Placer:
         self.high_water = high_water
         self._moving: set[str] = set()  # handles in flight: never victims of their own move
         self._above: set[str] = set()  # tiers above the high-water mark (alerts fire on crossing)
+        self._pressured: set[int] = set()  # tiers whose engine reported pressure (alerts fire on onset)
 
     def chain(self, payload: Payload) -> list[Tier]:
         return [t for t in self.tiers if t.accepts(payload)]
@@ -58,9 +59,11 @@ class Placer:
                     stored = tier.put(handle_id, payload)
                 except TierFull:
                     continue
+                except EnginePressure as exc:
+                    self.engine_pressure(tier, True, str(exc))
+                    continue
                 except TierUnavailable as exc:
-                    reason = "engine_pressure" if isinstance(exc, EnginePressure) else "tier_unavailable"
-                    self.alert(reason, tier.name, str(exc))
+                    self.alert("tier_unavailable", tier.name, str(exc))
                     continue
                 self._check_high_water(tier)
                 return tier, stored
@@ -72,6 +75,14 @@ class Placer:
 
     def alert(self, reason: str, tier: str, detail: str) -> None:
         self.events.emit_quietly("oom.alert", self.clock(), reason=reason, tier=tier, detail=detail)
+
+    def engine_pressure(self, tier: Tier, pressure: bool, detail: str) -> None:
+        """Alert when an engine starts reporting memory pressure; once per episode, not per put."""
+        if pressure and id(tier) not in self._pressured:
+            self._pressured.add(id(tier))
+            self.alert("engine_pressure", tier.name, detail)
+        elif not pressure:
+            self._pressured.discard(id(tier))
 
     def _check_high_water(self, tier: Tier) -> None:
         level = tier.used / tier.budget if tier.budget else 1.0

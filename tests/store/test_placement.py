@@ -157,11 +157,14 @@ def test_crossing_the_high_water_mark_raises_one_alert(open_store: Callable[...,
     assert [(a["reason"], a["tier"]) for a in alerts] == [("high_water", "cpu")]  # at 3 of 4, once
 
 
-class PressuredDeviceCache(TorchDeviceCache):
-    """A device cache whose engine reports memory pressure, as a real engine would under load."""
+class ReportedPressure(TorchDeviceCache):
+    """A real device cache whose pressure report the test sets, standing in for an engine's own
+    accounting (a CPU device has none to report)."""
+
+    pressure = True
 
     def memory(self) -> DeviceMemory:
-        return super().memory()._replace(pressure=True)
+        return super().memory()._replace(pressure=self.pressure)
 
 
 def test_device_tier_holds_its_engines_values_first(open_store: Callable[..., KVStore]) -> None:
@@ -180,13 +183,31 @@ def test_device_tier_holds_its_engines_values_first(open_store: Callable[..., KV
     assert store.lookup(scope, tokens(0)).meta.tier == "cpu"  # type: ignore[union-attr]  # demoted
 
 
-def test_engine_memory_pressure_skips_the_device_tier_with_an_alert(open_store: Callable[..., KVStore]) -> None:
-    store = open_store(devices=[PressuredDeviceCache(FP, capacity=1 << 20)], device_budget=1 << 20)
+def test_engine_memory_pressure_skips_the_device_tier_with_one_alert(open_store: Callable[..., KVStore]) -> None:
+    store = open_store(devices=[ReportedPressure(FP, capacity=1 << 20)], device_budget=1 << 20)
     scope = store.scope(FP, "t")
     assert store.put(scope, make_kv(tokens(0))).tier == "cpu"  # the request goes on, cached lower
+    assert store.put(scope, make_kv(tokens(1), seed=1)).tier == "cpu"
     store.check_engines()
-    reasons = [e.fields["reason"] for e in store.events.read(count=100) if e.kind == "oom.alert"]
-    assert reasons == ["engine_pressure", "engine_pressure"]
+    alerts = [e.fields for e in store.events.read(count=100) if e.kind == "oom.alert"]
+    assert [(a["reason"], a["tier"]) for a in alerts] == [("engine_pressure", "device")]  # once per episode
+
+
+def test_polling_engines_alerts_when_pressure_starts(open_store: Callable[..., KVStore]) -> None:
+    device = ReportedPressure(FP, capacity=1 << 20)
+    device.pressure = False
+    store = open_store(devices=[device], device_budget=1 << 20)
+    store.check_engines()
+    assert not [e for e in store.events.read(count=100) if e.kind == "oom.alert"]
+    device.pressure = True
+    store.check_engines()
+    store.check_engines()
+    device.pressure = False
+    store.check_engines()
+    device.pressure = True  # a second episode
+    store.check_engines()
+    alerts = [e.fields["reason"] for e in store.events.read(count=100) if e.kind == "oom.alert"]
+    assert alerts == ["engine_pressure", "engine_pressure"]
 
 
 def test_stored_value_is_a_copy_the_callers_buffers_cannot_change(open_store: Callable[..., KVStore]) -> None:
