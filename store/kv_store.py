@@ -63,10 +63,10 @@ class KVStore:
         self.clock = clock
         self._lock = RLock()
         self._pins: Counter[str] = Counter()
+        keys = Keys(config.key_prefix, config.node)  # validated before a server is started
         self._embedded = EmbeddedRedis(config.data_dir).start() if config.redis_url is None else None
         self.redis_url = self._embedded.url if self._embedded else str(config.redis_url)
         self.client = connect(self.redis_url, config.connect_timeout_s, config.socket_timeout_s)
-        keys = Keys(config.key_prefix, config.node)
         self.index = Index(self.client, keys, config.ttl_s)
         self.events = EventLog(self.client, keys.events, config.node, config.events_maxlen, config.ttl_s)
         try:
