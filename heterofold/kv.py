@@ -96,6 +96,26 @@ class KVCache:
         )
 
     @property
+    def is_dense(self) -> bool:
+        """Every layer holds every token (a sliding layer's full history, as fitting needs)."""
+        return all(w == 0 for w in self.windows)
+
+    def windowed(self, windows: tuple[int, ...]) -> KVCache:
+        """This dense value in a model's layout: each sliding layer keeps its last ``window - 1``."""
+        if not self.is_dense or len(windows) != self.num_layers:
+            raise KVFormatError("windowed() needs a dense value with one window per layer")
+        T = self.num_tokens
+        keep = [T if w == 0 else min(T, w - 1) for w in windows]
+        return KVCache(
+            fingerprint=self.fingerprint,
+            token_ids=self.token_ids,
+            positions=self.positions,
+            keys=tuple(k[:, T - n :] for k, n in zip(self.keys, keep, strict=True)),
+            values=tuple(v[:, T - n :] for v, n in zip(self.values, keep, strict=True)),
+            windows=windows,
+        )
+
+    @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in zip(self.keys, self.values, strict=True))
 

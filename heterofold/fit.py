@@ -1,0 +1,202 @@
+"""Fitting adapters from aligned KV pairs. Pure tensors in, an ``Adapter`` out; both models frozen.
+
+``FitData`` stacks, over fit documents, the content-space (RoPE stripped) K and V of every
+eligible sender layer at the aligned sender tokens, and of every receiver layer at the receiver
+tokens. One document in five is held out to choose the ridge strength and to report fidelity.
+
+- ``kv-ridge`` (the baseline): per receiver layer, rank the eligible sender layers by the held-out
+  R² of a single-layer ridge fit, take the top ``k``, fit a closed-form ridge on them.
+- ``heterofold``: per receiver layer, the sender layers nearest in relative depth; whiten both
+  sides, rotate with orthogonal Procrustes, re-colour with the receiver's covariance, so mapped
+  keys and values keep the receiver's statistics (ridge shrinks them toward the mean).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from heterofold.adapter import Adapter, LayerMap, Manifest, Side
+from heterofold.align import align_layers
+from heterofold.errors import AdapterError
+from heterofold.kv import KVCache
+from heterofold.rope import strip_rope
+
+ALPHAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # ridge strength, relative to the mean feature variance
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class FitPair:
+    sender: KVCache  # dense, or at least complete on the eligible sender layers
+    receiver: KVCache  # dense
+    src: torch.Tensor  # (T_r,) sender token per receiver token, -1 where none
+
+
+@dataclass
+class FitData:
+    sender_k: dict[int, torch.Tensor]  # eligible sender layer -> (N, H_s * D_s), content space
+    sender_v: dict[int, torch.Tensor]
+    receiver_k: list[torch.Tensor]  # per receiver layer (N, H_r * D_r), content space
+    receiver_v: list[torch.Tensor]
+    held_out: torch.Tensor  # (N,) bool
+
+    @property
+    def tokens(self) -> int:
+        return int(self.held_out.numel())
+
+
+def stack_pairs(pairs: Sequence[FitPair], sender: Side, receiver: Side, eligible: Sequence[int]) -> FitData:
+    sk: dict[int, list[torch.Tensor]] = {s: [] for s in eligible}
+    sv: dict[int, list[torch.Tensor]] = {s: [] for s in eligible}
+    rk: list[list[torch.Tensor]] = [[] for _ in range(receiver.num_layers)]
+    rv: list[list[torch.Tensor]] = [[] for _ in range(receiver.num_layers)]
+    held = []
+    for d, p in enumerate(pairs):
+        if not p.receiver.is_dense:
+            raise AdapterError("fitting needs dense receiver KV values")
+        r_idx = (p.src >= 0).nonzero().squeeze(1)  # (N_d,)
+        s_idx = p.src[r_idx]
+        for s in eligible:
+            k = strip_rope(p.sender.keys[s][:, s_idx], p.sender.positions[s_idx], sender.rope_thetas[s])
+            sk[s].append(k.transpose(0, 1).reshape(len(s_idx), -1))  # (H, N, D) -> (N, H*D)
+            sv[s].append(p.sender.values[s][:, s_idx].transpose(0, 1).reshape(len(s_idx), -1))
+        for layer in range(receiver.num_layers):
+            k = strip_rope(p.receiver.keys[layer][:, r_idx], r_idx, receiver.rope_thetas[layer])
+            rk[layer].append(k.transpose(0, 1).reshape(len(r_idx), -1))
+            rv[layer].append(p.receiver.values[layer][:, r_idx].transpose(0, 1).reshape(len(r_idx), -1))
+        held.append(torch.full((len(r_idx),), d % 5 == 4 and len(pairs) > 1))
+    return FitData(
+        sender_k={s: torch.cat(x) for s, x in sk.items()},
+        sender_v={s: torch.cat(x) for s, x in sv.items()},
+        receiver_k=[torch.cat(x) for x in rk],
+        receiver_v=[torch.cat(x) for x in rv],
+        held_out=torch.cat(held),
+    )
+
+
+# ---- closed-form maps ------------------------------------------------------------------------
+
+
+def ridge(x: torch.Tensor, y: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Affine ``y ≈ x @ W + b`` by ridge; ``alpha`` is relative to the mean feature variance."""
+    x64, y64 = x.double(), y.double()
+    mx, my = x64.mean(0), y64.mean(0)
+    xc, yc = x64 - mx, y64 - my
+    gram = xc.T @ xc  # (F, F)
+    lam = alpha * float(gram.diagonal().mean())
+    w = torch.linalg.solve(gram + lam * torch.eye(gram.shape[0], dtype=torch.float64), xc.T @ yc)  # (F, O)
+    return w.float(), (my - mx @ w).float()
+
+
+def _sqrt_and_inv_sqrt(cov: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    evals, evecs = torch.linalg.eigh(cov)
+    evals = evals.clamp(min=eps * float(evals.max()))
+    return (evecs * evals.sqrt()) @ evecs.T, (evecs * evals.rsqrt()) @ evecs.T
+
+
+def recolour(x: torch.Tensor, y: torch.Tensor, eps: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whiten ``x``, rotate onto whitened ``y`` (orthogonal Procrustes), re-colour with ``y``'s
+    covariance: the mapped values have exactly ``y``'s mean and covariance on the fit data."""
+    x64, y64 = x.double(), y.double()
+    mx, my = x64.mean(0), y64.mean(0)
+    xc, yc = x64 - mx, y64 - my
+    n = x64.shape[0]
+    _, wx = _sqrt_and_inv_sqrt(xc.T @ xc / n, eps)  # (F, F) whitening
+    cy, wy = _sqrt_and_inv_sqrt(yc.T @ yc / n, eps)  # (O, O) colouring and whitening
+    u, _, vh = torch.linalg.svd((xc @ wx).T @ (yc @ wy), full_matrices=False)  # (F, O) cross-covariance
+    w = wx @ (u @ vh) @ cy  # (F, O)
+    return w.float(), (my - mx @ w).float()
+
+
+def r2(pred: torch.Tensor, y: torch.Tensor) -> float:
+    resid = ((pred - y) ** 2).sum()
+    total = ((y - y.mean(0)) ** 2).sum()
+    return float(1 - resid / total)
+
+
+# ---- whole adapters --------------------------------------------------------------------------
+
+
+def _features(data: FitData, layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.cat([data.sender_k[s] for s in layers], 1), torch.cat([data.sender_v[s] for s in layers], 1)
+
+
+def _fit_ridge(x: torch.Tensor, y: torch.Tensor, held: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Ridge with the strength chosen on held-out rows, refitted on all rows; returns held-out R²."""
+    if not held.any():
+        w, b = ridge(x, y, 1e-2)
+        return w, b, float("nan")
+    scores = []
+    for alpha in ALPHAS:
+        w, b = ridge(x[~held], y[~held], alpha)
+        scores.append((r2(x[held] @ w + b, y[held]), alpha))
+    best, alpha = max(scores)
+    w, b = ridge(x, y, alpha)
+    return w, b, best
+
+
+def fit_adapter(
+    data: FitData,
+    sender: Side,
+    receiver: Side,
+    eligible: Sequence[int],
+    *,
+    method: str,
+    version: str,
+    width: int = 3,
+    fit_info: dict[str, object] | None = None,
+    progress: Progress | None = None,
+) -> Adapter:
+    if method not in ("kv-ridge", "heterofold"):
+        raise AdapterError(f"unknown method {method!r}: kv-ridge or heterofold")
+    t0 = time.perf_counter()
+    held = data.held_out
+    by_depth = align_layers(receiver.num_layers, sender.num_layers, eligible, width)
+    maps, chosen, k_scores, v_scores = [], [], [], []
+    for layer in range(receiver.num_layers):
+        yk, yv = data.receiver_k[layer], data.receiver_v[layer]
+        if method == "kv-ridge":
+            ranked = sorted(eligible, key=lambda s: -_single_r2(data, s, yk, yv, held))
+            layers = tuple(sorted(ranked[:width]))
+            xk, xv = _features(data, layers)
+            wk, bk, sk = _fit_ridge(xk, yk, held)
+            wv, bv, sv = _fit_ridge(xv, yv, held)
+        else:
+            layers = tuple(by_depth[layer])
+            xk, xv = _features(data, layers)
+            train = ~held if held.any() else torch.ones_like(held)
+            wk, bk = recolour(xk[train], yk[train])
+            wv, bv = recolour(xv[train], yv[train])
+            sk = r2(xk[held] @ wk + bk, yk[held]) if held.any() else float("nan")
+            sv = r2(xv[held] @ wv + bv, yv[held]) if held.any() else float("nan")
+            wk, bk = recolour(xk, yk)
+            wv, bv = recolour(xv, yv)
+        maps.append(LayerMap(wk, bk, wv, bv))
+        chosen.append(layers)
+        k_scores.append(sk)
+        v_scores.append(sv)
+        if progress:
+            progress("fit", layer + 1, receiver.num_layers)
+    metrics = {
+        "held_out_r2_k": [round(s, 4) for s in k_scores],
+        "held_out_r2_v": [round(s, 4) for s in v_scores],
+        "mean_r2_k": round(sum(k_scores) / len(k_scores), 4),
+        "mean_r2_v": round(sum(v_scores) / len(v_scores), 4),
+    }
+    info = {**(fit_info or {}), "tokens": data.tokens, "map_fit_s": round(time.perf_counter() - t0, 2)}
+    manifest = Manifest(method, version, sender, receiver, tuple(chosen), fit=info, metrics=metrics)
+    return Adapter(manifest, maps)
+
+
+def _single_r2(data: FitData, s: int, yk: torch.Tensor, yv: torch.Tensor, held: torch.Tensor) -> float:
+    train = ~held if held.any() else torch.ones_like(held)
+    test = held if held.any() else train
+    total = 0.0
+    for x, y in ((data.sender_k[s], yk), (data.sender_v[s], yv)):
+        w, b = ridge(x[train], y[train], 1e-2)
+        total += r2(x[test] @ w + b, y[test])
+    return total

@@ -1,0 +1,38 @@
+"""Rotary position embedding, applied and removed at arbitrary positions.
+
+Cached keys carry RoPE: ``K = rope(k, p)``. A key moves between models in content space: strip
+the sender's RoPE at the sender's positions with that layer's own theta, map, then apply the
+receiver's RoPE at the receiver's positions with the receiver layer's theta. Values carry none.
+This is the "default" RoPE of Llama, Qwen2 and Gemma3 (rotate-half layout, no scaling).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # Computed in float64: strip followed by apply must be exact to float32 precision.
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))  # (D/2,)
+    freqs = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (T, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, D)
+    return emb.cos(), emb.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate ``x`` ``(..., T, D)`` to ``positions`` ``(T,)``."""
+    cos, sin = _cos_sin(positions, x.shape[-1], theta)
+    out = x.to(torch.float64) * cos + _rotate_half(x.to(torch.float64)) * sin
+    return out.to(x.dtype)
+
+
+def strip_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Inverse of :func:`apply_rope`: rotate ``x`` ``(..., T, D)`` back by ``positions``."""
+    cos, sin = _cos_sin(positions, x.shape[-1], theta)
+    out = x.to(torch.float64) * cos - _rotate_half(x.to(torch.float64)) * sin
+    return out.to(x.dtype)

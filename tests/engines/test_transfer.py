@@ -1,0 +1,95 @@
+"""The transfer path on the real zoo models: RoPE as the models apply it, selective recompute,
+identity transfer, and fitting a small adapter end to end."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from engines.fitting import fit_direction
+from engines.local import LocalEngine
+from engines.transfer import transfer
+from heterofold.adapter import Adapter, Side
+from heterofold.align import find_sections
+from heterofold.corpus import stdlib_text
+from heterofold.errors import FingerprintMismatch
+from heterofold.kv import KVCache
+from heterofold.rope import strip_rope
+
+pytestmark = pytest.mark.models
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def test_stripping_rope_recovers_the_models_own_unrotated_keys(engine: LocalEngine) -> None:
+    ids = list(engine.encode(stdlib_text(3000)).ids)[:300]
+    seen: list[torch.Tensor] = []
+    for layer in (0, engine.spec.full_attention_layers[-1]):
+        attn = engine.model.model.layers[layer].self_attn
+        module = getattr(attn, "k_norm", None) or attn.k_proj  # the last step before RoPE
+        hook = module.register_forward_hook(lambda m, i, o: seen.append(o.detach()))
+        try:
+            kv, _ = run(engine.prefill(ids, dense=True))
+        finally:
+            hook.remove()
+        raw = seen.pop().reshape(len(ids), engine.spec.num_kv_heads, engine.spec.head_dim).transpose(0, 1)
+        stripped = strip_rope(kv.keys[layer], kv.positions, engine.spec.layers[layer].rope_theta)
+        torch.testing.assert_close(stripped, raw, atol=2e-4, rtol=1e-4)
+
+
+def test_recompute_of_every_token_over_noise_is_native(engine: LocalEngine) -> None:
+    ids = list(engine.encode(stdlib_text(5000)).ids)[:560]  # past Gemma3's window
+    dense, _ = run(engine.prefill(ids, dense=True))
+    native, _ = run(engine.prefill(ids))
+    g = torch.Generator().manual_seed(0)
+    noise = tuple(t + torch.randn(t.shape, generator=g) for t in dense.keys)
+    noisy = KVCache(dense.fingerprint, dense.token_ids, dense.positions, noise, dense.values, dense.windows)
+    for positions in (range(len(ids)), range(0, len(ids), 9)):
+        start = noisy if len(positions) == len(ids) else dense  # a subset is exact on native KV only
+        out = run(engine.recompute(start, list(positions)))
+        for a, b in zip(out.keys + out.values, native.keys + native.values, strict=True):
+            torch.testing.assert_close(a, b, atol=5e-4, rtol=1e-3)
+
+
+def test_identity_transfer_through_templates_reproduces_native_logits(load_engine) -> None:  # type: ignore[no-untyped-def]
+    engine = load_engine("smollm2-135m-instruct")
+    context = stdlib_text(1500)
+    s_text = engine.render([{"role": "user", "content": context}])
+    r_text = engine.render([{"role": "user", "content": context + "\n\nQuestion: what does it do?"}])
+    s_enc, r_enc = engine.encode(s_text), engine.encode(r_text)
+    s_kv, _ = run(engine.prefill(s_enc.ids, dense=True))
+    sections = find_sections(s_text, r_text, [context])
+    identity = Adapter.identity(Side.of(engine.spec))
+    tr = run(transfer(identity, s_kv, s_enc.offsets, engine, r_enc.ids, r_enc.offsets, sections))
+    assert tr.recomputed < 40 and tr.mapped > 300
+    got = run(engine.score(r_enc.ids, past=tr.kv))
+    want = run(engine.score(r_enc.ids))[tr.prefix :]
+    assert float((got - want).abs().max()) < 1e-3
+
+
+def test_fit_save_load_apply_round_trip(load_engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    sender, receiver = load_engine("smollm2-135m-instruct"), load_engine("gemma3-270m")
+    texts = [stdlib_text(1200, start=i * 7) for i in range(5)]
+    adapter = run(fit_direction(sender, receiver, method="kv-ridge", texts=texts, seed=0, version="t", max_tokens=200))
+    m = adapter.manifest
+    assert m.sender.fingerprint == sender.spec.fingerprint and len(m.sender_layers) == receiver.spec.num_layers
+    assert 0.0 < m.metrics["mean_r2_k"] < 1.0 and m.fit["tokens"] > 500
+    adapter.save(tmp_path / "a")
+    fps = {"sender_fingerprint": sender.spec.fingerprint, "receiver_fingerprint": receiver.spec.fingerprint}
+    loaded = Adapter.load(tmp_path / "a", **fps)
+    text = stdlib_text(800, start=50)
+    s_enc, r_enc = sender.encode(text), receiver.encode(text)
+    s_kv, _ = run(sender.prefill(s_enc.ids))
+    from heterofold.align import Section
+
+    sections = [Section(0, 0, len(text))]
+    tr = run(transfer(loaded, s_kv, s_enc.offsets, receiver, r_enc.ids, r_enc.offsets, sections))
+    assert tr.kv.fingerprint == receiver.spec.fingerprint and tr.kv.windows == receiver.spec.windows
+    assert tr.recomputed == 1  # only Gemma's BOS has no sender token
+    with pytest.raises(FingerprintMismatch):
+        Adapter.load(tmp_path / "a", **{**fps, "receiver_fingerprint": sender.spec.fingerprint})
+    again = run(fit_direction(sender, receiver, method="kv-ridge", texts=texts, seed=0, version="t", max_tokens=200))
+    assert all(torch.equal(a.k_weight, b.k_weight) for a, b in zip(adapter.maps, again.maps, strict=True))
