@@ -8,6 +8,10 @@ Kinds and their fields (all values are strings; ``ts`` is unix seconds, ``node``
     kv.evicted     handle, tier, reason ("budget", "corrupt", "missing", "orphan")
     prefill.saved  fingerprint, tokens, and whatever the caller adds (e.g. ms)
     oom.alert      reason ("no_space", "high_water", "engine_pressure", "tier_unavailable"), tier, detail
+Written by the gateway:
+    transfer.fallback  stage ("prefix", "transfer", "engine"), reason (an error class), role, detail
+    adapter.status     adapter, version, from, to, actor
+    adapter.drift      adapter, version, samples, first_token_kl, top1_agreement, threshold
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ from store.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-KINDS = ("kv.stored", "kv.hit", "kv.promoted", "kv.demoted", "kv.evicted", "prefill.saved", "oom.alert")
+KINDS = (
+    "kv.stored", "kv.hit", "kv.promoted", "kv.demoted", "kv.evicted", "prefill.saved", "oom.alert",
+    "transfer.fallback", "adapter.status", "adapter.drift",
+)  # fmt: skip
 
 
 class Event(NamedTuple):

@@ -1,0 +1,192 @@
+"""One chat turn for a role: render and check the prompt, plan the hop, generate, account, and hand
+the turn's KV to the store afterwards. Routes call ``prepare`` and then ``stream``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+
+from engines.base import Completion, Export, SamplingParams, StreamEvent
+from engines.errors import KVMismatch, PromptTooLong
+from gateway.adapters import AdapterResolver
+from gateway.background import Background
+from gateway.engine_pool import EnginePool, PooledEngine
+from gateway.errors import InvalidRequest, UnknownRole
+from gateway.hop import Fallbacks, Hop, HopPlan, HopPlanner
+from gateway.metrics import Metrics
+from gateway.schemas import ChatRequest, HeteroFoldUsage, PromptTokensDetails, Usage
+from gateway.settings import Settings
+from gateway.shadow import ShadowEvaluator
+from gateway.turns import FinishedTurn, TurnRecorder
+from store.errors import StoreError
+from store.kv_store import KVStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    pooled: PooledEngine
+    hop: Hop
+    params: SamplingParams
+    export: Export
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    text: str
+    finish_reason: str
+    usage: Usage
+
+
+class ChatService:
+    def __init__(
+        self, *, settings: Settings, pool: EnginePool, planner: HopPlanner, recorder: TurnRecorder,
+        shadow: ShadowEvaluator, resolver: AdapterResolver, fallbacks: Fallbacks, store: KVStore, metrics: Metrics,
+        background: Background,
+    ) -> None:  # fmt: skip
+        self.settings = settings
+        self.pool = pool
+        self.planner = planner
+        self.recorder = recorder
+        self.shadow = shadow
+        self.resolver = resolver
+        self.fallbacks = fallbacks
+        self.store = store
+        self.metrics = metrics
+        self.background = background
+
+    def prepare(self, *, role: str, request: ChatRequest, tenant: str, conversation_id: str | None) -> Prepared:
+        cfg = self.settings.roles.get(role)
+        if cfg is None:
+            raise UnknownRole(f"no role {role!r}; roles: {', '.join(self.settings.roles)}", param="model")
+        if len(request.messages) > self.settings.limits.max_messages:
+            raise InvalidRequest(f"at most {self.settings.limits.max_messages} messages", param="messages")
+        pooled = self.pool[cfg.engine]
+        engine = pooled.engine
+        messages = [m.as_engine_message() for m in request.messages]
+        if cfg.system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": cfg.system_prompt})
+        text = engine.render(messages)
+        enc = engine.encode(text)
+        limit = pooled.settings.max_prompt_tokens
+        if len(enc.ids) > limit:
+            raise PromptTooLong(f"the prompt has {len(enc.ids)} tokens; role {role} takes at most {limit}")
+        max_tokens = request.max_completion_tokens or request.max_tokens or cfg.generation.max_tokens
+        if max_tokens > pooled.settings.max_tokens:
+            raise InvalidRequest(f"max_tokens is at most {pooled.settings.max_tokens} for role {role}",
+                                 param="max_tokens", code="max_tokens_too_large")  # fmt: skip
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=cfg.generation.temperature if request.temperature is None else request.temperature,
+            top_p=cfg.generation.top_p if request.top_p is None else request.top_p,
+            seed=request.seed,
+            stop=request.stops,
+        )
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        hop = Hop(
+            role=role, engine_name=cfg.engine, engine=engine, policy=cfg.policy, tail_window=cfg.tail_window,
+            ids=enc.ids, offsets=enc.offsets, text=text, contents=[m["content"] for m in messages],
+            question=users[-1] if users else "", tenant=tenant, conversation_id=conversation_id,
+        )  # fmt: skip
+        return Prepared(pooled, hop, params, "turn" if cfg.policy.store_turns else "none")
+
+    async def stream(self, prepared: Prepared) -> AsyncGenerator[str | TurnResult, None]:
+        """Text deltas as they become final, then one TurnResult."""
+        hop, engine = prepared.hop, prepared.pooled.engine
+        t0 = time.perf_counter()
+        plan = await self.planner.plan(hop)
+        plan_ms = (time.perf_counter() - t0) * 1000
+        events = engine.stream(hop.ids, prepared.params, past=plan.past, export=prepared.export)
+        try:
+            try:
+                first = await anext(events)
+            except KVMismatch as exc:
+                if plan.past is None:
+                    raise
+                plan = HopPlan("native", fallback=self.fallbacks.record("engine", exc, hop.role))
+                await _close(events)
+                events = engine.stream(hop.ids, prepared.params, export=prepared.export)
+                first = await anext(events)
+            event: StreamEvent = first
+            while not isinstance(event, Completion):
+                if event.text:
+                    yield event.text
+                event = await anext(events)
+        finally:
+            await _close(events)
+        yield self._finish(prepared, plan, plan_ms, event)
+
+    def _finish(self, prepared: Prepared, plan: HopPlan, plan_ms: float, done: Completion) -> TurnResult:
+        hop, pooled = prepared.hop, prepared.pooled
+        t = done.timings
+        cached = t.cached_tokens
+        if plan.path == "native":
+            pooled.observe_prefill(t.prompt_tokens - cached, t.prefill_ms)
+        saved_ms = pooled.ms_per_token * cached - plan.transfer_ms if cached else 0.0
+        ttft_ms = plan_ms + t.ttft_ms
+        usage = Usage(
+            prompt_tokens=t.prompt_tokens,
+            completion_tokens=t.completion_tokens,
+            total_tokens=t.prompt_tokens + t.completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+            heterofold=HeteroFoldUsage(
+                path=plan.path,
+                adapter_version=plan.adapter_version,
+                tokens_transferred=plan.tokens_transferred,
+                tokens_recomputed=plan.tokens_recomputed,
+                transfer_ms=round(plan.transfer_ms, 2),
+                ttft_ms=round(ttft_ms, 2),
+                prefill_ms_saved=round(saved_ms, 2),
+                fallback=plan.fallback,
+                engine_ms=round(t.ttft_ms + t.decode_ms, 2),
+            ),
+        )
+        m = self.metrics
+        m.requests.labels(hop.role, plan.path).inc()
+        m.ttft.labels(hop.role, plan.path).observe(ttft_ms / 1000)
+        if cached:
+            m.prefill_tokens_saved.labels(hop.role, plan.path).inc(cached)
+            m.prefill_seconds_saved.labels(hop.role, plan.path).inc(max(saved_ms, 0.0) / 1000)
+        if plan.path == "transfer" and plan.route:
+            m.transfer.labels(plan.route).observe(plan.transfer_ms / 1000)
+            m.transferred_tokens.labels(plan.route).inc(plan.tokens_transferred)
+        self.background.spawn(self._after(prepared, plan, done, saved_ms), f"after-turn:{hop.role}")
+        return TurnResult(done.text, "stop" if done.finish_reason == "cancelled" else done.finish_reason, usage)
+
+    async def _after(self, prepared: Prepared, plan: HopPlan, done: Completion, saved_ms: float) -> None:
+        hop = prepared.hop
+        finished = FinishedTurn(prepared.pooled, hop.tenant, hop.conversation_id, hop.text, tuple(hop.offsets), done)
+        await self.recorder.record(finished)
+        if plan.cached_tokens:
+            scope = self.store.scope(hop.engine.spec.fingerprint, hop.tenant)
+            try:
+                await asyncio.to_thread(self.store.prefill_saved, scope, plan.cached_tokens, ms=round(saved_ms, 1),
+                                        path=plan.path, role=hop.role)  # fmt: skip
+            except StoreError as exc:
+                log.warning("prefill.saved not recorded: %s", exc)
+        answer = list(done.token_ids)
+        served = plan.path == "transfer" and plan.adapter_id is not None and plan.past is not None
+        if served and plan.adapter_id is not None and plan.past is not None and self.shadow.sample_served():
+            await self.shadow.served(ref_id=plan.adapter_id, version=plan.adapter_version or "", hop=hop,
+                                         kv=plan.past, answer=answer)  # fmt: skip
+        if plan.inputs is not None and self.shadow.sample_shadow():
+            refs = await self.resolver.shadows(plan.inputs.pair)
+            if refs:
+                await self.shadow.candidates(refs=refs, hop=hop, inputs=plan.inputs, answer=answer)
+
+    async def complete(self, prepared: Prepared) -> TurnResult:
+        async for item in self.stream(prepared):
+            if isinstance(item, TurnResult):
+                return item
+        raise RuntimeError("the turn ended without a result")
+
+
+async def _close(events: AsyncIterator[StreamEvent]) -> None:
+    """Stop an engine stream early (the engine then stops decoding)."""
+    close = getattr(events, "aclose", None)
+    if close is not None:
+        await close()

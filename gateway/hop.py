@@ -1,0 +1,230 @@
+"""The hop decision (DESIGN.md, "One hop, end to end", steps 2-3 and 5).
+
+1. ``prefix``: the longest cached prefix of the prompt for the receiver's own model (and tenant).
+2. ``transfer``: when step 1 leaves at least ``min_uncached_tokens`` uncached, the conversation's
+   latest turn came from another model (or another role on this model), and an adapter serves
+   (sender fingerprint, receiver fingerprint): load the sender's KV, align the shared sections,
+   map, recompute natively the unaligned tokens, the tail window W and the selector's budget.
+   It is taken when it covers more of the prompt than step 1.
+3. ``native`` otherwise.
+
+Any failure in 1-2 (Redis down, a payload missing or corrupt, a tampered artifact, a fingerprint
+mismatch, a KV value the engine refuses) falls back to what is left, ultimately native prefill:
+the request succeeds, and ``Fallbacks`` records a metric and a ``transfer.fallback`` event.
+``EngineBusy`` is not a fallback: it answers 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from engines.base import Engine
+from engines.errors import EngineBusy, EngineError
+from engines.transfer import transfer
+from gateway.adapters import AdapterResolver, VersionRef
+from gateway.alignment import shared_sections
+from gateway.background import Background
+from gateway.conversations import Conversations, Turn
+from gateway.errors import RegistryError
+from gateway.metrics import Metrics
+from gateway.schemas import Path
+from gateway.settings import TransferPolicy
+from heterofold.adapter import Adapter, Side
+from heterofold.align import Section
+from heterofold.errors import HeteroFoldError
+from heterofold.kv import KVCache
+from heterofold.select import select_tokens
+from store.errors import StoreError
+from store.kv_store import KVStore
+
+log = logging.getLogger(__name__)
+IDENTITY = "identity"
+
+
+class SenderKVMissing(Exception):
+    """The conversation's latest turn names a KV value the store no longer holds."""
+
+
+FALLBACK_ERRORS = (StoreError, HeteroFoldError, EngineError, RegistryError, SenderKVMissing)
+
+
+@dataclass(frozen=True)
+class Hop:
+    role: str
+    engine_name: str
+    engine: Engine
+    policy: TransferPolicy
+    tail_window: int
+    ids: Sequence[int]
+    offsets: Sequence[tuple[int, int]]
+    text: str  # the receiver's rendered prompt
+    contents: Sequence[str]  # message contents, in order
+    question: str  # the last user message: what the recompute selector looks for
+    tenant: str
+    conversation_id: str | None
+
+
+@dataclass(frozen=True)
+class TransferInputs:
+    """Everything a transfer for this hop needs besides the adapter (shadow evaluation reuses it)."""
+
+    pair: tuple[str, str]
+    sender: Turn
+    sender_kv: KVCache
+    sections: list[Section]
+
+
+@dataclass(frozen=True)
+class HopPlan:
+    path: Path
+    past: KVCache | None = None
+    adapter_version: str | None = None
+    adapter_id: int | None = None
+    route: str | None = None  # "sender -> receiver" engine names, for metrics
+    tokens_transferred: int = 0
+    tokens_recomputed: int = 0
+    transfer_ms: float = 0.0
+    fallback: str | None = None
+    inputs: TransferInputs | None = None  # set when a transfer was possible
+
+    @property
+    def cached_tokens(self) -> int:
+        return 0 if self.past is None else self.past.num_tokens
+
+
+class Fallbacks:
+    """Records why a reuse or transfer attempt fell back: a metric at once, an event off the path."""
+
+    def __init__(self, store: KVStore, metrics: Metrics, background: Background) -> None:
+        self.store, self.metrics, self.background = store, metrics, background
+
+    def record(self, stage: str, exc: BaseException, role: str) -> str:
+        reason = type(exc).__name__
+        self.metrics.fallbacks.labels(stage, reason).inc()
+        log.info("fallback at %s for role %s: %s: %s", stage, role, reason, exc)
+
+        async def emit() -> None:
+            fields = {"stage": stage, "reason": reason, "role": role, "detail": str(exc)[:300]}
+            await asyncio.to_thread(self.store.events.emit_quietly, "transfer.fallback", time.time(), **fields)
+
+        self.background.spawn(emit(), "event:transfer.fallback")
+        return reason
+
+
+class HopPlanner:
+    def __init__(
+        self, *, store: KVStore, conversations: Conversations, resolver: AdapterResolver, fallbacks: Fallbacks,
+        names: Callable[[str], str | None],
+    ) -> None:  # fmt: skip
+        self.store = store
+        self.conversations = conversations
+        self.resolver = resolver
+        self.fallbacks = fallbacks
+        self.names = names  # fingerprint -> engine name, for route labels
+        self._identity: dict[str, Adapter] = {}
+
+    async def plan(self, hop: Hop) -> HopPlan:
+        best = HopPlan("native")
+        if hop.policy.prefix_reuse:
+            try:
+                past = await asyncio.to_thread(self._cached_prefix, hop)
+            except FALLBACK_ERRORS as exc:
+                best = replace(best, fallback=self.fallbacks.record("prefix", exc, hop.role))
+            else:
+                if past is not None:
+                    best = HopPlan("prefix", past)
+        if not (hop.policy.transfer and hop.conversation_id):
+            return best
+        if len(hop.ids) - best.cached_tokens < hop.policy.min_uncached_tokens:
+            return best
+        try:
+            inputs = await self._inputs(hop)
+            if inputs is None:
+                return best
+            planned = await self._transfer(hop, inputs)
+        except EngineBusy:
+            raise
+        except FALLBACK_ERRORS as exc:
+            return replace(best, fallback=self.fallbacks.record("transfer", exc, hop.role))
+        if planned is not None and planned.cached_tokens > best.cached_tokens:
+            return planned
+        return replace(best, inputs=inputs)
+
+    def _cached_prefix(self, hop: Hop) -> KVCache | None:
+        scope = self.store.scope(hop.engine.spec.fingerprint, hop.tenant)
+        match = self.store.lookup(scope, hop.ids[:-1])  # at least one token always runs
+        return None if match is None else self.store.load(match)
+
+    async def _inputs(self, hop: Hop) -> TransferInputs | None:
+        assert hop.conversation_id is not None
+        turn = await asyncio.to_thread(self.conversations.latest, hop.tenant, hop.conversation_id)
+        if turn is None:
+            return None
+        sections = shared_sections(turn.text, hop.text, hop.contents)
+        if not sections:
+            return None
+        scope = self.store.scope(turn.fingerprint, hop.tenant)
+        match = await asyncio.to_thread(self.store.lookup, scope, turn.token_ids)
+        if match is None:
+            raise SenderKVMissing(f"no KV value in the store for the turn of {turn.engine}")
+        sender_kv = await asyncio.to_thread(self.store.load, match)
+        return TransferInputs((turn.fingerprint, hop.engine.spec.fingerprint), turn, sender_kv, sections)
+
+    async def _adapter(self, hop: Hop, pair: tuple[str, str]) -> tuple[Adapter, VersionRef | None] | None:
+        if pair[0] == pair[1]:
+            if not hop.policy.same_model:
+                return None
+            spec = hop.engine.spec
+            if spec.fingerprint not in self._identity:
+                self._identity[spec.fingerprint] = Adapter.identity(Side.of(spec), IDENTITY)
+            return self._identity[spec.fingerprint], None
+        resolved = await self.resolver.active(pair)
+        return None if resolved is None else (resolved.adapter, resolved.ref)
+
+    async def _transfer(self, hop: Hop, inputs: TransferInputs) -> HopPlan | None:
+        chosen = await self._adapter(hop, inputs.pair)
+        if chosen is None:
+            return None
+        adapter, ref = chosen
+        result = await run_transfer(adapter, hop, inputs)
+        return HopPlan(
+            "transfer",
+            result.kv,
+            adapter_version=adapter.manifest.version,
+            adapter_id=ref.id if ref else None,
+            route=f"{self.names(inputs.pair[0]) or '?'} -> {hop.engine_name}",
+            tokens_transferred=result.mapped,
+            tokens_recomputed=result.recomputed,
+            transfer_ms=result.total_ms,
+            inputs=inputs,
+        )
+
+
+async def run_transfer(adapter: Adapter, hop: Hop, inputs: TransferInputs):  # type: ignore[no-untyped-def]
+    """``engines.transfer.transfer`` for this hop: the selector over the shared sections' tokens."""
+    n = inputs.sender_kv.num_tokens
+    choose = chooser(hop.text, hop.offsets, hop.question, hop.policy.recompute_budget)
+    return await transfer(
+        adapter, inputs.sender_kv, inputs.sender.offsets[:n], hop.engine, hop.ids, hop.offsets, inputs.sections,
+        choose=choose, tail=hop.tail_window,
+    )  # fmt: skip
+
+
+def chooser(
+    text: str, offsets: Sequence[tuple[int, int]], question: str, budget: float
+) -> Callable[[torch.Tensor, int], list[int]]:
+    """``heterofold.select`` over the transferred tokens: ``budget`` is a share of them."""
+
+    def choose(src: torch.Tensor, prefix: int) -> list[int]:
+        aligned = src.tolist()
+        inside = [j for j in range(prefix) if aligned[j] >= 0 and offsets[j][1] > offsets[j][0]]
+        picked = select_tokens(text, [offsets[j] for j in inside], question, budget)
+        return [inside[i] for i in picked]
+
+    return choose

@@ -1,0 +1,105 @@
+"""Storage shapes of the registry. Alembic revisions create these tables; this module only maps them.
+
+An adapter version belongs to one ordered pair (sender fingerprint, receiver fingerprint) and has a
+status: ``candidate`` (fitted or uploaded), ``shadow`` (evaluated on live traffic, never served),
+``active`` (served; at most one per pair, enforced by a partial unique index) or ``retired``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Literal
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+Status = Literal["candidate", "shadow", "active", "retired"]
+STATUSES: tuple[Status, ...] = ("candidate", "shadow", "active", "retired")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class ModelRow(Base):
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    family: Mapped[str] = mapped_column(String(50))
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AdapterRow(Base):
+    __tablename__ = "adapter_versions"
+    __table_args__ = (
+        Index("uq_adapter_versions_pair_version", "sender_fingerprint", "receiver_fingerprint", "version", unique=True),
+        Index(
+            "uq_adapter_versions_one_active",
+            "sender_fingerprint",
+            "receiver_fingerprint",
+            unique=True,
+            sqlite_where=text("status = 'active'"),
+            postgresql_where=text("status = 'active'"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sender_name: Mapped[str] = mapped_column(String(200))
+    receiver_name: Mapped[str] = mapped_column(String(200))
+    sender_fingerprint: Mapped[str] = mapped_column(String(64))
+    receiver_fingerprint: Mapped[str] = mapped_column(String(64))
+    version: Mapped[str] = mapped_column(String(200))
+    method: Mapped[str] = mapped_column(String(50))
+    status: Mapped[str] = mapped_column(String(20), default="candidate")
+    artifact_path: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    promoted_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class AuditRow(Base):
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    adapter_id: Mapped[int] = mapped_column(ForeignKey("adapter_versions.id"))
+    action: Mapped[str] = mapped_column(String(30))  # register, shadow, promote, demote, rollback, retire
+    from_status: Mapped[str | None] = mapped_column(String(20))
+    to_status: Mapped[str] = mapped_column(String(20))
+    actor: Mapped[str] = mapped_column(String(50))  # admin, auto (drift), bootstrap
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class FitJobRow(Base):
+    __tablename__ = "fit_jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    sender_name: Mapped[str] = mapped_column(String(200))
+    receiver_name: Mapped[str] = mapped_column(String(200))
+    method: Mapped[str] = mapped_column(String(50))
+    status: Mapped[str] = mapped_column(String(20), default="queued")  # queued, running, done, failed
+    stage: Mapped[str] = mapped_column(String(50), default="")
+    done: Mapped[int] = mapped_column(Integer, default=0)
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapter_versions.id"), default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class ShadowSampleRow(Base):
+    __tablename__ = "shadow_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    adapter_id: Mapped[int] = mapped_column(ForeignKey("adapter_versions.id"), index=True)
+    first_token_kl: Mapped[float] = mapped_column(Float)
+    top1_agreement: Mapped[float] = mapped_column(Float)
+    at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,214 @@
+"""The gateway's one configuration record: a YAML file, then ``HETEROFOLD_*`` environment overrides.
+
+    HETEROFOLD_CONFIG=config/heterofold.yaml            which file (else the built-in defaults below)
+    HETEROFOLD_ROLES__PLANNER__ENGINE=smollm2           nested keys use ``__``
+    HETEROFOLD_AUTH__CLIENT_KEYS='["sk-a","sk-b"]'      lists and maps as JSON
+    HETEROFOLD_DATABASE_URL=postgresql+psycopg://...    the registry (default: SQLite under data_dir)
+
+The environment wins over the file, and the file over the defaults. The defaults run three roles on
+the three zoo models: planner on qwen2.5-coder-0.5b-instruct, executor on smollm2-135m-instruct,
+summarizer on gemma3-270m. Each component copies the fields it uses.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from store.config import GiB, StoreConfig
+
+CONFIG_ENV = "HETEROFOLD_CONFIG"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineSettings(_Section):
+    """One inference engine. ``local`` runs a zoo model in this process (SGLang URLs come later)."""
+
+    kind: Literal["local"] = "local"
+    model: str  # a zoo model name
+    device: str | None = None  # None: CUDA when present, else CPU
+    queue_capacity: int = Field(default=8, ge=1)  # running plus waiting requests; beyond it: 429
+    max_prompt_tokens: int = Field(default=8192, ge=1)
+    max_tokens: int = Field(default=1024, ge=1)  # the most a request may ask to generate
+
+
+class GenerationDefaults(_Section):
+    max_tokens: int = Field(default=256, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0, le=5.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+
+
+class TransferPolicy(_Section):
+    """How a role's requests reuse KV made elsewhere. ``recompute_budget`` is the share of the
+    transferred context tokens the receiver recomputes natively, chosen from the new message by
+    ``heterofold.select``; ``min_uncached_tokens`` is how long the prefix left after same-model
+    reuse must be before a cross-model transfer is worth its fixed cost."""
+
+    prefix_reuse: bool = True  # same-model cached prefixes from the store
+    store_turns: bool = True  # export each turn's KV into the store for the next hop
+    transfer: bool = True  # cross-model transfer through the active adapter
+    same_model: bool = True  # between roles on one model: the identity adapter (RoPE re-applied)
+    recompute_budget: float = Field(default=0.1, ge=0.0, le=1.0)
+    min_uncached_tokens: int = Field(default=64, ge=1)
+
+
+class RoleSettings(_Section):
+    engine: str
+    description: str = ""
+    system_prompt: str = ""
+    generation: GenerationDefaults = GenerationDefaults()
+    tail_window: int = Field(default=16, ge=0)  # W: the last W transferred tokens are recomputed natively
+    policy: TransferPolicy = TransferPolicy()
+
+
+class AuthSettings(_Section):
+    """Bearer keys. No client keys: the chat API is open (the CLI says so). No admin key: the admin
+    API is closed. Keys are hashed when loaded and never kept or logged in clear."""
+
+    client_keys: list[SecretStr] = []
+    admin_key: SecretStr | None = None
+
+
+class LimitsSettings(_Section):
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    max_messages: int = Field(default=256, ge=1)
+
+
+class StoreSettings(_Section):
+    redis_url: str | None = None  # None: the embedded redis-server under data_dir
+    node: str = "local"
+    page_size: int = Field(default=16, ge=1)
+    cpu_budget_bytes: int = Field(default=2 * GiB, ge=0)
+    ssd_budget_bytes: int = Field(default=16 * GiB, ge=0)
+    conversation_ttl_s: int = Field(default=24 * 3600, ge=1)
+
+
+class ShadowSettings(_Section):
+    """Shadow evaluation: a sampled share of transferred requests re-run natively off the hot path."""
+
+    sample_rate: float = Field(default=0.05, ge=0.0, le=1.0)  # of transferred requests (active adapters)
+    shadow_rate: float = Field(default=0.05, ge=0.0, le=1.0)  # of eligible requests, for shadow-status adapters
+    answer_tokens: int = Field(default=16, ge=1)  # teacher-forced tokens of top-1 agreement
+    drift_kl_threshold: float = Field(default=0.5, gt=0.0)  # mean first-token KL (nats) that raises an alert
+    window: int = Field(default=50, ge=1)  # recent samples the mean is taken over
+    min_samples: int = Field(default=5, ge=1)
+    auto_rollback: bool = False
+
+
+class BootstrapSettings(_Section):
+    """Adapters fitted in background jobs at start for directions that have none (``heterofold run``)."""
+
+    fit_missing: bool = False
+    method: Literal["heterofold", "kv-ridge"] = "heterofold"
+    docs: int = Field(default=8, ge=2)
+    max_tokens: int = Field(default=512, ge=64)
+
+
+def _default_engines() -> dict[str, EngineSettings]:
+    names = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma3-270m")
+    return {n: EngineSettings(model=n) for n in names}
+
+
+def _default_roles() -> dict[str, RoleSettings]:
+    return {
+        "planner": RoleSettings(
+            engine="qwen2.5-coder-0.5b-instruct",
+            description="Breaks the task into steps.",
+            system_prompt="You are the planner. Read the context and write a short numbered plan.",
+        ),
+        "executor": RoleSettings(
+            engine="smollm2-135m-instruct",
+            description="Carries out the plan.",
+            system_prompt="You are the executor. Follow the plan and answer from the context.",
+        ),
+        "summarizer": RoleSettings(
+            engine="gemma3-270m",
+            description="Summarizes the conversation.",
+            system_prompt="Summarize the conversation in two sentences.",
+            generation=GenerationDefaults(max_tokens=128),
+        ),
+    }
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HETEROFOLD_", env_nested_delimiter="__", extra="forbid")
+
+    data_dir: Path = Path.home() / ".local" / "share" / "heterofold"
+    cache_dir: Path | None = None  # the zoo cache (default ~/.cache/heterofold)
+    database_url: str | None = None  # None: sqlite:///<data_dir>/registry.db
+    migrate_on_start: bool = True  # run Alembic to head at start (compose runs it as a step instead)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engines: dict[str, EngineSettings] = Field(default_factory=_default_engines)
+    roles: dict[str, RoleSettings] = Field(default_factory=_default_roles)
+    auth: AuthSettings = AuthSettings()
+    limits: LimitsSettings = LimitsSettings()
+    store: StoreSettings = StoreSettings()
+    shadow: ShadowSettings = ShadowSettings()
+    bootstrap: BootstrapSettings = BootstrapSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return env_settings, init_settings  # the file's values come in as init values: env wins
+
+    @field_validator("data_dir", "cache_dir")
+    @classmethod
+    def _expand(cls, path: Path | None) -> Path | None:
+        return None if path is None else path.expanduser()
+
+    @model_validator(mode="after")
+    def _roles_name_engines(self) -> Settings:
+        for name, role in self.roles.items():
+            if role.engine not in self.engines:
+                raise ValueError(f"role {name!r} names engine {role.engine!r}, not one of {sorted(self.engines)}")
+        if not self.roles:
+            raise ValueError("the config names no roles")
+        return self
+
+    @property
+    def registry_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'registry.db'}"
+
+    @property
+    def adapters_dir(self) -> Path:
+        return self.data_dir / "adapters"
+
+    def store_config(self) -> StoreConfig:
+        s = self.store
+        return StoreConfig(
+            data_dir=self.data_dir / "store",
+            redis_url=s.redis_url,
+            node=s.node,
+            page_size=s.page_size,
+            cpu_budget=s.cpu_budget_bytes,
+            ssd_budget=s.ssd_budget_bytes,
+        )
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from ``path`` (or ``$HETEROFOLD_CONFIG``), then the environment; ``overrides``
+    (top-level fields, for the CLI and tests) replace whole fields last."""
+    path = path or (Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None)
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(path.read_text())
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: the config must be a mapping")
+        data = loaded
+    settings = Settings(**data)
+    return settings.model_copy(update=overrides) if overrides else settings
