@@ -49,6 +49,27 @@ def transferable_prefix(receiver_offsets: Sequence[tuple[int, int]], sections: S
     return len(receiver_offsets)
 
 
+def sliding_rows(windows: Sequence[int], prefix: int, chosen: Sequence[int]) -> list[torch.Tensor | None]:
+    """Per layer, the positions whose mapped KV will be read: all of them on a full-attention
+    layer; on a sliding layer, the last ``window - 1`` (kept in the cache) and the ``window``
+    positions up to each recomputed token (what its attention sees)."""
+    rows: list[torch.Tensor | None] = []
+    masks: dict[int, torch.Tensor] = {}
+    for w in windows:
+        if w == 0:
+            rows.append(None)
+            continue
+        if w not in masks:
+            need = torch.zeros(prefix + 1, dtype=torch.int64)  # difference array of covered ranges
+            starts = torch.tensor([max(p - w + 1, 0) for p in chosen] + [max(prefix - w + 1, 0)], dtype=torch.int64)
+            ends = torch.tensor([p + 1 for p in chosen] + [prefix], dtype=torch.int64)
+            need.index_add_(0, starts, torch.ones_like(starts))
+            need.index_add_(0, ends, -torch.ones_like(ends))
+            masks[w] = need.cumsum(0)[:prefix] > 0
+        rows.append(masks[w])
+    return rows
+
+
 async def transfer(
     adapter: Adapter,
     sender_kv: KVCache,
@@ -73,10 +94,12 @@ async def transfer(
     src[src >= sender_kv.num_tokens] = -1  # text the sender's KV does not cover
     unaligned = (src < 0).nonzero().squeeze(1).tolist()
     positions = set(unaligned) | set(range(max(prefix - tail, 0), prefix)) | set(choose(src, prefix))
+    chosen = sorted(p for p in positions if 0 <= p < prefix)
+    rows = sliding_rows(receiver.spec.windows, prefix, chosen)
     t1 = time.perf_counter()
-    dense = adapter.apply(sender_kv, src, torch.tensor(list(receiver_ids[:prefix])))
+    dense = adapter.apply(sender_kv, src, torch.tensor(list(receiver_ids[:prefix])), rows)
     t2 = time.perf_counter()
-    kv = await receiver.recompute(dense, sorted(p for p in positions if 0 <= p < prefix))
+    kv = await receiver.recompute(dense, chosen)
     t3 = time.perf_counter()
     return TransferResult(
         kv=kv,

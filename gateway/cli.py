@@ -229,6 +229,42 @@ def bench_store(
     print(json.dumps(result.to_json(), indent=2) if json_out else report(result))
 
 
+@bench_app.command("transfer")
+def bench_transfer(
+    sender: Annotated[str, typer.Option(help="Sender zoo model.")],
+    receiver: Annotated[str, typer.Option(help="Receiver zoo model.")],
+    context: Annotated[int, typer.Option(min=256, help="Context length in tokens (about).")] = 4096,
+    adapter: Annotated[
+        Path | None, typer.Option(help="HeteroFold adapter (default: artifacts/adapters/S__R/heterofold).")
+    ] = None,
+    ridge: Annotated[
+        Path | None, typer.Option(help="KV Ridge adapter (default: artifacts/adapters/S__R/kv-ridge).")
+    ] = None,
+    budget: Annotated[float, typer.Option(min=0.0, max=1.0, help="HeteroFold recompute budget.")] = 0.05,
+    repeats: Annotated[int, typer.Option(min=1)] = 3,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Median TTFT: native prefill vs HeteroFold vs KV Ridge, and the transfer vs the memory floor."""
+    from bench.transfer_bench import run_bench
+    from engines.local import LocalEngine
+    from heterofold.adapter import Adapter
+
+    base = Path("artifacts/adapters") / f"{sender}__{receiver}"
+    with _errors():
+        zoo = Zoo(cache_dir)
+        s, r = LocalEngine.from_zoo(sender, zoo=zoo), LocalEngine.from_zoo(receiver, zoo=zoo)
+        fps = {"sender_fingerprint": s.spec.fingerprint, "receiver_fingerprint": r.spec.fingerprint}
+        hf = Adapter.load(adapter or base / "heterofold", **fps)
+        ridge_dir = ridge or base / "kv-ridge"
+        kr = Adapter.load(ridge_dir, **fps) if ridge or ridge_dir.exists() else None
+        result = run_bench(s, r, context=context, heterofold=hf, kv_ridge=kr, budget=budget, repeats=repeats)
+    console.print(json.dumps(result, indent=2))
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result, indent=2))
+
+
 @app.command()
 def fit(
     sender: Annotated[str, typer.Option(help="Sender zoo model.")],

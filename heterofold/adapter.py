@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,10 +112,18 @@ class Adapter:
                 )
 
     @torch.inference_mode()
-    def apply(self, sender: KVCache, src: torch.Tensor, receiver_ids: torch.Tensor) -> KVCache:
+    def apply(
+        self,
+        sender: KVCache,
+        src: torch.Tensor,
+        receiver_ids: torch.Tensor,
+        rows: Sequence[torch.Tensor | None] | None = None,
+    ) -> KVCache:
         """Map ``sender`` onto receiver tokens ``receiver_ids`` ``(T_r,)``, where ``src`` ``(T_r,)``
         gives each receiver token's sender token, or -1 (left zero: the receiver must recompute
-        those natively). Returns a dense receiver value at positions 0..T_r-1."""
+        those natively). ``rows[l]``, a bool mask ``(T_r,)``, limits layer l to the positions that
+        will be read (a sliding layer needs only its windows); other rows stay zero. Returns a
+        dense receiver value at positions 0..T_r-1."""
         m = self.manifest
         if sender.fingerprint != m.sender.fingerprint:
             raise FingerprintMismatch(f"sender KV from {sender.fingerprint[:12]}, adapter wants {m.sender.name}")
@@ -124,16 +133,21 @@ class Adapter:
         s_pos = sender.positions[s_idx]
         r_pos = aligned  # receiver token j sits at position j
         H, D = m.receiver.num_kv_heads, m.receiver.head_dim
-        feats = _FeatureCache(sender, s_idx, s_pos, m.sender.rope_thetas)
+        feats = SenderFeatures(sender, s_idx, s_pos, m.sender.rope_thetas)
         keys, values = [], []
         for layer, (mp, src_layers) in enumerate(zip(self.maps, m.sender_layers, strict=True)):
             xk, xv = feats.get(src_layers)  # (N, F) each
-            k = (xk @ mp.k_weight + mp.k_bias).reshape(-1, H, D).transpose(0, 1)  # (N, H*D) -> (H, N, D)
+            keep = rows[layer] if rows is not None else None
+            sel = keep[aligned].nonzero().squeeze(1) if keep is not None else None  # rows of (N,) to compute
+            if sel is not None:
+                xk, xv = xk[sel], xv[sel]
+            at = aligned if sel is None else aligned[sel]
+            k = (xk @ mp.k_weight + mp.k_bias).reshape(-1, H, D).transpose(0, 1)  # (n, H*D) -> (H, n, D)
             v = (xv @ mp.v_weight + mp.v_bias).reshape(-1, H, D).transpose(0, 1)
             k_full = torch.zeros(H, T_r, D, dtype=k.dtype)
             v_full = torch.zeros(H, T_r, D, dtype=v.dtype)
-            k_full[:, aligned] = apply_rope(k, r_pos, m.receiver.rope_thetas[layer])
-            v_full[:, aligned] = v
+            k_full[:, at] = apply_rope(k, r_pos if sel is None else r_pos[sel], m.receiver.rope_thetas[layer])
+            v_full[:, at] = v
             keys.append(k_full)
             values.append(v_full)
         return KVCache(
@@ -182,8 +196,9 @@ class Adapter:
         return adapter
 
 
-class _FeatureCache:
-    """Content-space sender features per sender layer, computed once per apply."""
+class SenderFeatures:
+    """Content-space sender features at the tokens ``idx`` (positions ``pos``), per sender layer,
+    computed once and shared by the receiver layers that read the same sender layer."""
 
     def __init__(self, sender: KVCache, idx: torch.Tensor, pos: torch.Tensor, thetas: tuple[float, ...]) -> None:
         self.sender, self.idx, self.pos, self.thetas = sender, idx, pos, thetas

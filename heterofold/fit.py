@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from heterofold.adapter import Adapter, LayerMap, Manifest, Side
+from heterofold.adapter import Adapter, LayerMap, Manifest, SenderFeatures, Side
 from heterofold.align import align_layers
+from heterofold.calibrate import CalibDoc, calibrate_keys, calibrate_values
 from heterofold.errors import AdapterError
 from heterofold.kv import KVCache
 from heterofold.rope import strip_rope
@@ -34,6 +35,7 @@ class FitPair:
     sender: KVCache  # dense, or at least complete on the eligible sender layers
     receiver: KVCache  # dense
     src: torch.Tensor  # (T_r,) sender token per receiver token, -1 where none
+    queries: tuple[torch.Tensor, ...] = ()  # per receiver layer (H_q, T_r, D), after RoPE; for calibration
 
 
 @dataclass
@@ -200,3 +202,53 @@ def _single_r2(data: FitData, s: int, yk: torch.Tensor, yv: torch.Tensor, held: 
         w, b = ridge(x[train], y[train], 1e-2)
         total += r2(x[test] @ w + b, y[test])
     return total
+
+
+def calibrate_adapter(
+    adapter: Adapter,
+    pairs: Sequence[FitPair],
+    windows: Sequence[int],
+    scale: float,
+    *,
+    docs: int = 6,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> Adapter:
+    """HeteroFold's calibration step (``heterofold.calibrate``) on every receiver layer, fitted on
+    up to ``docs`` training documents and scored by attention KL on the held-out ones."""
+    m = adapter.manifest
+    train = [p for i, p in enumerate(pairs) if i % 5 != 4][:docs]
+    held = [p for i, p in enumerate(pairs) if i % 5 == 4][:2]
+    if not train or not all(p.queries for p in train + held):
+        raise AdapterError("calibration needs fit pairs with receiver queries")
+    maps: list[LayerMap] = []
+    kl_before: list[float] = []
+    kl_after: list[float] = []
+    for layer, (mp, src_layers) in enumerate(zip(adapter.maps, m.sender_layers, strict=True)):
+        theta, window = m.receiver.rope_thetas[layer], windows[layer]
+        tr = [_calib_doc(p, layer, src_layers, m.sender) for p in train]
+        wk, bk, _, _ = calibrate_keys(tr, mp.k_weight, mp.k_bias, theta=theta, window=window, scale=scale, seed=seed)
+        wv, bv = calibrate_values(tr, mp.v_weight, mp.v_bias, window=window, scale=scale, seed=seed)
+        if held:
+            ho = [_calib_doc(p, layer, src_layers, m.sender) for p in held]
+            for w, b, out in ((mp.k_weight, mp.k_bias, kl_before), (wk, bk, kl_after)):
+                score = calibrate_keys(ho, w, b, theta=theta, window=window, scale=scale, steps=0, seed=seed + 7)
+                out.append(score[2])
+        maps.append(LayerMap(wk, bk, wv, bv))
+        if progress:
+            progress("calibrate", layer + 1, len(adapter.maps))
+    metrics = dict(m.metrics)
+    if kl_before:
+        metrics["held_out_attention_kl_before_calibration"] = [round(x, 4) for x in kl_before]
+        metrics["held_out_attention_kl_after_calibration"] = [round(x, 4) for x in kl_after]
+        metrics["mean_attention_kl_before"] = round(sum(kl_before) / len(kl_before), 4)
+        metrics["mean_attention_kl_after"] = round(sum(kl_after) / len(kl_after), 4)
+    manifest = Manifest(m.method, m.version, m.sender, m.receiver, m.sender_layers, fit=m.fit, metrics=metrics)
+    return Adapter(manifest, maps)
+
+
+def _calib_doc(pair: FitPair, layer: int, src_layers: tuple[int, ...], sender: Side) -> CalibDoc:
+    idx = (pair.src >= 0).nonzero().squeeze(1)  # (N,) receiver positions
+    s_idx = pair.src[idx]
+    x_k, x_v = SenderFeatures(pair.sender, s_idx, pair.sender.positions[s_idx], sender.rope_thetas).get(src_layers)
+    return CalibDoc(x_k, x_v, idx, pair.queries[layer], pair.receiver.keys[layer], pair.receiver.values[layer])

@@ -11,12 +11,15 @@ from __future__ import annotations
 import torch
 
 
-def _cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    # Computed in float64: strip followed by apply must be exact to float32 precision.
+def _cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # Angles in float64 (position * frequency loses digits in float32 at long contexts); the
+    # rotation itself runs in the tensor's dtype.
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))  # (D/2,)
     freqs = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (T, D/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (T, D)
-    return emb.cos(), emb.sin()
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -26,13 +29,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotate ``x`` ``(..., T, D)`` to ``positions`` ``(T,)``."""
-    cos, sin = _cos_sin(positions, x.shape[-1], theta)
-    out = x.to(torch.float64) * cos + _rotate_half(x.to(torch.float64)) * sin
-    return out.to(x.dtype)
+    cos, sin = _cos_sin(positions, x.shape[-1], theta, x.dtype)
+    return x * cos + _rotate_half(x) * sin
 
 
 def strip_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Inverse of :func:`apply_rope`: rotate ``x`` ``(..., T, D)`` back by ``positions``."""
-    cos, sin = _cos_sin(positions, x.shape[-1], theta)
-    out = x.to(torch.float64) * cos - _rotate_half(x.to(torch.float64)) * sin
-    return out.to(x.dtype)
+    cos, sin = _cos_sin(positions, x.shape[-1], theta, x.dtype)
+    return x * cos - _rotate_half(x) * sin

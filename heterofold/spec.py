@@ -54,6 +54,7 @@ class ModelSpec:
     template: str  # "chatml" or "plain", see engines/templates.py
     special: SpecialTokens
     fingerprint: str
+    attn_scale: float = 0.0  # softmax scale of q.k; from_hf fills it in
 
     def __post_init__(self) -> None:
         if len(self.layers) != self.num_layers:
@@ -109,6 +110,7 @@ class ModelSpec:
             template=template,
             special=special,
             fingerprint=fingerprint,
+            attn_scale=float(getattr(config, "query_pre_attn_scalar", None) or head_dim) ** -0.5,
         )
 
 

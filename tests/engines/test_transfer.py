@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines.fitting import fit_direction
+from engines.fitting import _heads_first, fit_direction
 from engines.local import LocalEngine
 from engines.transfer import transfer
 from heterofold.adapter import Adapter, Side
@@ -35,7 +35,7 @@ def test_stripping_rope_recovers_the_models_own_unrotated_keys(engine: LocalEngi
             kv, _ = run(engine.prefill(ids, dense=True))
         finally:
             hook.remove()
-        raw = seen.pop().reshape(len(ids), engine.spec.num_kv_heads, engine.spec.head_dim).transpose(0, 1)
+        raw = _heads_first(seen.pop(), engine.spec.num_kv_heads, engine.spec.head_dim)
         stripped = strip_rope(kv.keys[layer], kv.positions, engine.spec.layers[layer].rope_theta)
         torch.testing.assert_close(stripped, raw, atol=2e-4, rtol=1e-4)
 

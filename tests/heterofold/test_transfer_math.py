@@ -17,7 +17,7 @@ def test_rope_strip_then_apply_is_an_exact_inverse() -> None:
     x = torch.randn(3, 50, 64)
     pos = torch.arange(50) * 97
     for theta in (1e4, 1e5, 1e6):
-        torch.testing.assert_close(strip_rope(apply_rope(x, pos, theta), pos, theta), x, atol=1e-6, rtol=0)
+        torch.testing.assert_close(strip_rope(apply_rope(x, pos, theta), pos, theta), x, atol=1e-5, rtol=0)
     assert not torch.allclose(apply_rope(x, pos, 1e4), x)
 
 

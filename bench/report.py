@@ -1,0 +1,132 @@
+"""Turn the JSON results of ``heterofold eval`` and ``heterofold bench transfer`` into markdown tables
+and an SVG plot (accuracy against recompute budget, per direction). No plotting dependency.
+
+    python -m bench.report artifacts/results [--svg docs/frontier.svg]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+PATHS = ("native", "heterofold", "kv_ridge", "no_context", "sender")
+COLOURS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02")
+
+
+def _load(folder: Path, prefix: str) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob(f"{prefix}_*.json"))]
+
+
+def quality_table(evals: list[dict[str, Any]]) -> str:
+    lines = [
+        "| direction | items | " + " | ".join(PATHS) + " | HF retention | HF KL | HF top-1 | ridge KL | ridge top-1 |",
+        "|---" * (len(PATHS) + 7) + "|",
+    ]
+    for e in evals:
+        p = e["paths"]
+        acc = " | ".join(f"{p[k]['accuracy']:.2f}" if k in p else "-" for k in PATHS)
+        hf, kr = p.get("heterofold", {}), p.get("kv_ridge", {})
+        lines.append(
+            f"| {e['sender']} → {e['receiver']} | {e['items']} | {acc} | {hf.get('retention')} | "
+            f"{hf.get('first_token_kl')} | {hf.get('top1_agreement')} | {kr.get('first_token_kl')} | "
+            f"{kr.get('top1_agreement')} |"
+        )
+    return "\n".join(lines)
+
+
+def frontier_table(evals: list[dict[str, Any]]) -> str:
+    budgets = sorted({b for e in evals for b in e["heterofold_budget_frontier"]}, key=float)
+    lines = [
+        "| direction | native | " + " | ".join(f"budget {b}" for b in budgets) + " |",
+        "|---" * (len(budgets) + 2) + "|",
+    ]
+    for e in evals:
+        f = e["heterofold_budget_frontier"]
+        cells = " | ".join(f"{f[b]['accuracy']:.2f} ({f[b]['ttft_ms']:.0f} ms)" if b in f else "-" for b in budgets)
+        native = e["paths"]["native"]
+        lines.append(
+            f"| {e['sender']} → {e['receiver']} | {native['accuracy']:.2f} ({native['ttft_ms']:.0f} ms) | {cells} |"
+        )
+    return "\n".join(lines)
+
+
+def speed_table(benches: list[dict[str, Any]]) -> str:
+    lines = [
+        "| direction | context | native TTFT ms | HeteroFold TTFT ms | speedup | KV Ridge TTFT ms | HF vs ridge | "
+        "align+map ms | memory floor ms | align+map / floor |",
+        "|---" * 10 + "|",
+    ]
+    for b in sorted(benches, key=lambda x: (x["sender"], x["receiver"], x["context_tokens"])):
+        hf, kr = b.get("heterofold", {}), b.get("kv_ridge", {})
+        lines.append(
+            f"| {b['sender']} → {b['receiver']} | {b['context_tokens']} | {b['native_ttft_ms']:.0f} | "
+            f"{hf.get('ttft_ms', 0):.0f} | {hf.get('speedup_vs_native')}x | {kr.get('ttft_ms', 0):.0f} | "
+            f"{b.get('heterofold_speedup_vs_kv_ridge')}x | {hf.get('align_map_ms')} | {b['memory_floor_ms']} | "
+            f"{hf.get('align_map_over_floor')}x |"
+        )
+    return "\n".join(lines)
+
+
+def frontier_svg(evals: list[dict[str, Any]], width: int = 640, height: int = 360) -> str:
+    """Accuracy (y) against recompute budget (x), one line per direction; dashed: native."""
+    left, right, top, bottom = 50, 200, 20, 40
+    w, h = width - left - right, height - top - bottom
+    budgets = sorted({float(b) for e in evals for b in e["heterofold_budget_frontier"]}) or [0.0, 1.0]
+    xmax = max(budgets) or 1.0
+
+    def x(b: float) -> float:
+        return left + w * b / xmax
+
+    def y(a: float) -> float:
+        return top + h * (1 - a)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="11">'
+    ]
+    out.append(f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#888"/>')
+    for a in (0.0, 0.25, 0.5, 0.75, 1.0):
+        out.append(f'<text x="{left - 8}" y="{y(a) + 4}" text-anchor="end">{a:.2f}</text>')
+    for b in budgets:
+        out.append(f'<text x="{x(b)}" y="{top + h + 16}" text-anchor="middle">{b:g}</text>')
+    out.append(
+        f'<text x="{left + w / 2}" y="{height - 6}" text-anchor="middle">'
+        "recompute budget (share of context tokens)</text>"
+    )
+    for i, e in enumerate(evals):
+        colour = COLOURS[i % len(COLOURS)]
+        pts = sorted((float(b), v["accuracy"]) for b, v in e["heterofold_budget_frontier"].items())
+        path = " ".join(f"{x(b):.1f},{y(a):.1f}" for b, a in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        native = e["paths"]["native"]["accuracy"]
+        out.append(
+            f'<line x1="{left}" x2="{left + w}" y1="{y(native)}" y2="{y(native)}" '
+            f'stroke="{colour}" stroke-dasharray="4 3"/>'
+        )
+        out.append(
+            f'<text x="{left + w + 8}" y="{top + 14 * (i + 1)}" fill="{colour}">'
+            f"{e['sender'][:8]} → {e['receiver'][:8]}</text>"
+        )
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--svg", type=Path, default=None)
+    args = ap.parse_args()
+    evals, benches = _load(args.folder, "eval"), _load(args.folder, "bench")
+    print(
+        "## Quality\n\n" + quality_table(evals) + "\n\n## Accuracy against recompute budget\n\n" + frontier_table(evals)
+    )
+    print("\n## Speed\n\n" + speed_table(benches))
+    if args.svg:
+        args.svg.parent.mkdir(parents=True, exist_ok=True)
+        args.svg.write_text(frontier_svg(evals))
+
+
+if __name__ == "__main__":
+    main()

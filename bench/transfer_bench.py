@@ -1,0 +1,127 @@
+"""``heterofold bench transfer``: TTFT of native prefill vs HeteroFold vs KV Ridge, one run.
+
+The context is a builtin passkey item at the asked length (needle at 50% depth); the receiver
+answers it through each path, ``repeats`` times, and the medians are compared as same-run ratios.
+A transfer's TTFT covers everything from the sender KV in memory to the receiver's first token:
+align, map, selective recompute (HeteroFold only), import, suffix prefill, first decode step.
+The memory floor is the sender KV bytes read plus the receiver KV bytes written, at the memcpy
+bandwidth measured in the same run; it is compared with the align-and-map time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engines.base import SamplingParams
+from engines.evaluate import context_chooser, receiver_prompt
+from engines.local import LocalEngine
+from engines.transfer import transfer
+from heterofold.adapter import Adapter
+from heterofold.align import find_sections
+from heterofold.suite import builtin_suite
+
+
+def memcpy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes per second of a plain copy of fresh-enough memory (median of ``repeats``)."""
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times)
+
+
+@dataclass
+class Timing:
+    ttft_ms: list[float]
+    map_ms: list[float]
+    recompute_ms: list[float]
+
+
+async def bench_transfer(
+    sender: LocalEngine,
+    receiver: LocalEngine,
+    *,
+    context: int,
+    heterofold: Adapter,
+    kv_ridge: Adapter | None,
+    budget: float,
+    repeats: int = 3,
+) -> dict[str, Any]:
+    item = next(i for i in builtin_suite(lengths=(context,)) if i.id.startswith("passkey") and "-d50-" in i.id)
+    content = f"{item.context}\n\nQuestion: {item.question}"
+    r_text = receiver_prompt(receiver, content)
+    r_enc = receiver.encode(r_text)
+    s_text = sender.render([{"role": "user", "content": item.context}])
+    s_enc = sender.encode(s_text)
+    s_kv, _ = await sender.prefill(s_enc.ids)
+    sections = find_sections(s_text, r_text, [item.context])
+    first = SamplingParams(max_tokens=1)
+
+    native: list[float] = []
+    runs: dict[str, Timing] = {"heterofold": Timing([], [], []), "kv_ridge": Timing([], [], [])}
+    recomputed: dict[str, int] = {}
+    mapped_bytes = 0
+    for _ in range(repeats):
+        out = await receiver.complete(r_enc.ids, first)
+        native.append(out.timings.ttft_ms)
+        for path, adapter, fraction in (("heterofold", heterofold, budget), ("kv_ridge", kv_ridge, 0.0)):
+            if adapter is None:
+                continue
+            choose = context_chooser(item, r_enc.offsets, sections[0].receiver_start, fraction)
+            t0 = time.perf_counter()
+            tr = await transfer(
+                adapter, s_kv, s_enc.offsets, receiver, r_enc.ids, r_enc.offsets, sections, choose=choose
+            )
+            out = await receiver.complete(r_enc.ids, first, past=tr.kv)
+            runs[path].ttft_ms.append((time.perf_counter() - t0) * 1000 - out.timings.queue_ms)
+            runs[path].map_ms.append(tr.align_ms + tr.map_ms)
+            runs[path].recompute_ms.append(tr.recompute_ms)
+            recomputed[path] = tr.recomputed
+            mapped_bytes = tr.kv.nbytes
+    bandwidth = memcpy_bandwidth()
+    read_bytes = sum(s_kv.keys[s].nbytes + s_kv.values[s].nbytes for s in sender.spec.full_attention_layers)
+    floor_ms = (read_bytes + mapped_bytes) / bandwidth * 1000
+    med_native = statistics.median(native)
+    result: dict[str, Any] = {
+        "sender": sender.spec.name,
+        "receiver": receiver.spec.name,
+        "context_tokens": len(r_enc.ids),
+        "device": str(receiver.device),
+        "repeats": repeats,
+        "budget": budget,
+        "native_ttft_ms": round(med_native, 1),
+        "memcpy_gb_s": round(bandwidth / 1e9, 2),
+        "memory_floor_ms": round(floor_ms, 2),
+        "sender_bytes_read": read_bytes,
+        "receiver_bytes_written": mapped_bytes,
+    }
+    for path, t in runs.items():
+        if not t.ttft_ms:
+            continue
+        ttft = statistics.median(t.ttft_ms)
+        result[path] = {
+            "ttft_ms": round(ttft, 1),
+            "speedup_vs_native": round(med_native / ttft, 2),
+            "align_map_ms": round(statistics.median(t.map_ms), 1),
+            "recompute_ms": round(statistics.median(t.recompute_ms), 1),
+            "tokens_recomputed": recomputed[path],
+            "align_map_over_floor": round(statistics.median(t.map_ms) / floor_ms, 2),
+        }
+    if "kv_ridge" in result:
+        result["heterofold_speedup_vs_kv_ridge"] = round(
+            result["kv_ridge"]["ttft_ms"] / result["heterofold"]["ttft_ms"], 2
+        )
+    return result
+
+
+def run_bench(sender: LocalEngine, receiver: LocalEngine, **kwargs: Any) -> dict[str, Any]:
+    return asyncio.run(bench_transfer(sender, receiver, **kwargs))
