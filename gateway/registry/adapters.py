@@ -137,21 +137,30 @@ def promote(*, session: Session, adapter_id: int, actor: str) -> AdapterRow:
     return row
 
 
+def _replaced(session: Session, row: AdapterRow) -> int | None:
+    """The version ``row`` replaced when it was last promoted."""
+    promoted = session.scalar(
+        select(AuditRow).where(AuditRow.adapter_id == row.id, AuditRow.action == "promote").order_by(AuditRow.id.desc())
+    )
+    previous = (promoted.detail or {}).get("previous") if promoted else None
+    return int(previous) if previous is not None else None
+
+
 def rollback(*, session: Session, adapter_id: int, actor: str, reason: str = "") -> AdapterRow:
-    """Re-activate the version ``adapter_id`` (the active one) replaced; returns it."""
+    """Re-activate the version ``adapter_id`` (the active one) replaced; returns it. Rollbacks
+    walk back a stack: the restored version takes over what *it* had replaced, so v1 -> v2 -> v3
+    rolls back to v2, then to v1."""
     row = get_adapter(session=session, adapter_id=adapter_id)
     pair = {r.id: r for r in _pair_rows(session, row)}
     row = pair[adapter_id]
     if row.status != "active":
         raise Conflict(f"adapter {adapter_id} is {row.status}; only the active version can be rolled back")
-    promoted = session.scalar(
-        select(AuditRow).where(AuditRow.adapter_id == row.id, AuditRow.action == "promote").order_by(AuditRow.id.desc())
-    )
-    previous = pair.get((promoted.detail or {}).get("previous") or -1) if promoted else None
+    replaced = _replaced(session, row)
+    previous = pair.get(replaced) if replaced is not None else None
     if previous is None or previous.status == "retired":
         raise Conflict(f"adapter {adapter_id} replaced no version that can serve again")
     _set(session, row, "candidate", "rollback", actor, restored=previous.id, reason=reason)
-    _set(session, previous, "active", "promote", actor, previous=row.id, rollback=True)
+    _set(session, previous, "active", "promote", actor, previous=_replaced(session, previous), rollback=row.id)
     return previous
 
 

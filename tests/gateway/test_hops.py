@@ -1,0 +1,86 @@
+"""The hop decision on real models: same-model prefix reuse, identity transfer between roles on one
+model, cross-family transfer through the active adapter, and native when nothing serves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from heterofold.corpus import stdlib_text
+from tests.gateway.conftest import Gateway
+
+pytestmark = pytest.mark.models
+CONTEXT = stdlib_text(1400, start=5)
+
+
+def ask(gateway: Gateway, role: str, messages: list[dict[str, str]], conversation: str) -> tuple[str, Any, int]:
+    reply = gateway.agent(role).chat.completions.create(
+        model=role,
+        messages=messages,
+        extra_headers={"X-Conversation-Id": conversation},  # type: ignore[arg-type]
+    )
+    assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+    return (
+        reply.choices[0].message.content or "",
+        (reply.usage.model_extra or {})["heterofold"],
+        (reply.usage.prompt_tokens_details.cached_tokens),
+    )
+
+
+def upload(gateway: Gateway, folder: Path, promote: bool = True) -> dict[str, Any]:
+    with gateway.http() as admin:
+        files = {
+            "manifest": (folder / "manifest.json").read_bytes(),
+            "weights": (folder / "adapter.safetensors").read_bytes(),
+        }
+        r = admin.post("/admin/adapters", files=files)
+        assert r.status_code == 201, r.text
+        row: dict[str, Any] = r.json()
+        if promote:
+            r = admin.post(f"/admin/adapters/{row['id']}/promote")
+            assert r.status_code == 200 and r.json()["status"] == "active"
+    return row
+
+
+def test_next_turn_of_a_role_reuses_its_cached_prefix(gateway: Gateway) -> None:
+    first = [{"role": "user", "content": f"{CONTEXT}\n\nWhat is this about?"}]
+    reply, hf, cached = ask(gateway, "executor", first, "conv-prefix")
+    assert hf["path"] == "native" and cached == 0
+    gateway.settle()
+    second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "Shorter, please."}]
+    _, hf, cached = ask(gateway, "executor", second, "conv-prefix")
+    assert hf["path"] == "prefix" and cached > 300 and cached % 16 == 0
+    assert hf["prefill_ms_saved"] > 0 and hf["tokens_transferred"] == 0
+
+
+def test_hop_between_roles_on_one_model_transfers_through_the_identity_adapter(gateway: Gateway) -> None:
+    _, hf, _ = ask(gateway, "executor", [{"role": "user", "content": CONTEXT}], "conv-identity")
+    assert hf["path"] == "native"
+    gateway.settle()
+    review = [{"role": "user", "content": f"{CONTEXT}\n\nIs anything missing?"}]
+    _, hf, cached = ask(gateway, "reviewer", review, "conv-identity")
+    assert hf["path"] == "transfer" and hf["adapter_version"] == "identity"
+    assert hf["tokens_transferred"] > 300 and cached >= hf["tokens_transferred"]
+    assert 0 < hf["tokens_recomputed"] < cached and hf["transfer_ms"] > 0
+
+
+def test_cross_family_hop_transfers_through_the_active_adapter(gateway: Gateway, fitted_adapter: Path) -> None:
+    upload(gateway, fitted_adapter)
+    ask(gateway, "executor", [{"role": "user", "content": CONTEXT}], "conv-cross")
+    gateway.settle()
+    _, hf, cached = ask(gateway, "summarizer", [{"role": "user", "content": f"{CONTEXT}\n\nSummarize."}], "conv-cross")
+    assert hf["path"] == "transfer" and hf["adapter_version"] == "test-v1"
+    assert hf["tokens_transferred"] > 300 and cached > hf["tokens_transferred"] // 2
+    with gateway.http(None) as http:
+        metrics = http.get("/metrics").text
+    assert 'heterofold_transfer_seconds_count{route="smollm2-135m-instruct -> gemma3-270m"} 1.0' in metrics
+    assert 'heterofold_requests_total{path="transfer",role="summarizer"} 1.0' in metrics
+
+
+def test_hop_without_an_adapter_for_the_pair_prefills_natively(gateway: Gateway) -> None:
+    ask(gateway, "executor", [{"role": "user", "content": CONTEXT}], "conv-none")
+    gateway.settle()
+    _, hf, cached = ask(gateway, "summarizer", [{"role": "user", "content": f"{CONTEXT}\n\nSummarize."}], "conv-none")
+    assert hf["path"] == "native" and cached == 0 and hf["fallback"] is None
