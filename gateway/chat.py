@@ -25,6 +25,7 @@ from store.errors import StoreError
 from store.kv_store import KVStore
 
 log = logging.getLogger(__name__)
+STORE_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class ChatService:
         self.store = store
         self.metrics = metrics
         self.background = background
+        self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}  # a conversation's unfinished after-turn
 
     def prepare(self, *, role: str, request: ChatRequest, tenant: str, conversation_id: str | None) -> Prepared:
         cfg = self.settings.roles.get(role)
@@ -98,6 +100,7 @@ class ChatService:
         """Text deltas as they become final, then one TurnResult."""
         hop, engine = prepared.hop, prepared.pooled.engine
         t0 = time.perf_counter()
+        await self._previous_turn_stored(hop)
         plan = await self.planner.plan(hop)
         plan_ms = (time.perf_counter() - t0) * 1000
         events = engine.stream(hop.ids, prepared.params, past=plan.past, export=prepared.export)
@@ -154,8 +157,19 @@ class ChatService:
         if plan.path == "transfer" and plan.route:
             m.transfer.labels(plan.route).observe(plan.transfer_ms / 1000)
             m.transferred_tokens.labels(plan.route).inc(plan.tokens_transferred)
-        self.background.spawn(self._after(prepared, plan, done, saved_ms), f"after-turn:{hop.role}")
+        task = self.background.spawn(self._after(prepared, plan, done, saved_ms), f"after-turn:{hop.role}")
+        if hop.conversation_id is not None:
+            key = (hop.tenant, hop.conversation_id)
+            self._pending[key] = task
+            task.add_done_callback(lambda _: self._pending.pop(key, None) if self._pending.get(key) is task else None)
         return TurnResult(done.text, "stop" if done.finish_reason == "cancelled" else done.finish_reason, usage)
+
+    async def _previous_turn_stored(self, hop: Hop) -> None:
+        """A client that hops at once must not miss the turn before: wait (bounded) until its KV is
+        in the store and the conversation points at it."""
+        task = self._pending.get((hop.tenant, hop.conversation_id or ""))
+        if task is not None:
+            await asyncio.wait({task}, timeout=STORE_WAIT_S)
 
     async def _after(self, prepared: Prepared, plan: HopPlan, done: Completion, saved_ms: float) -> None:
         hop = prepared.hop
@@ -168,11 +182,14 @@ class ChatService:
                                         path=plan.path, role=hop.role)  # fmt: skip
             except StoreError as exc:
                 log.warning("prefill.saved not recorded: %s", exc)
-        answer = list(done.token_ids)
+        self.background.spawn(self._shadow(hop, plan, list(done.token_ids)), f"shadow:{hop.role}")
+
+    async def _shadow(self, hop: Hop, plan: HopPlan, answer: list[int]) -> None:
+        """Sampled native re-runs (long: a whole native prefill); the next hop never waits for them."""
         served = plan.path == "transfer" and plan.adapter_id is not None and plan.past is not None
         if served and plan.adapter_id is not None and plan.past is not None and self.shadow.sample_served():
             await self.shadow.served(ref_id=plan.adapter_id, version=plan.adapter_version or "", hop=hop,
-                                         kv=plan.past, answer=answer)  # fmt: skip
+                                     kv=plan.past, answer=answer)  # fmt: skip
         if plan.inputs is not None and self.shadow.sample_shadow():
             refs = await self.resolver.shadows(plan.inputs.pair)
             if refs:

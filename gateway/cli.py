@@ -4,7 +4,11 @@ heterofold models list                 the zoo: family, shapes, cache state
 heterofold models pull [NAME|all]      fetch, verify and convert, with progress bars
 heterofold models check [NAME|all]     exact KV export/import check; exit 1 if any fails
 heterofold chat MODEL MESSAGE          stream one reply from the embedded engine
-heterofold run                         the main job (see ``run``)
+heterofold run                         the main job: the gateway on embedded defaults (see ``run``)
+heterofold serve [--config FILE]       the gateway as configured (YAML plus HETEROFOLD_* environment)
+heterofold demo [--url URL]            planner -> executor -> summarizer over HTTP, per-hop paths and savings
+heterofold bench gateway               latency the gateway adds over calling the engine directly
+heterofold db upgrade|downgrade        the registry's Alembic migrations
 """
 
 from __future__ import annotations
@@ -194,13 +198,17 @@ async def _chat(
 
 
 @app.command()
-def run(cache_dir: CacheDir = None) -> None:
-    """The main job, until the gateway lands: pull the zoo, prove exact KV export and import on
-    every model, then stream a reply from each model."""
+def run(
+    cache_dir: CacheDir = None,
+    config: Annotated[Path | None, typer.Option("--config", envvar="HETEROFOLD_CONFIG", help="YAML config.")] = None,
+) -> None:
+    """The main job: pull the zoo, then start the gateway on embedded defaults (local engines,
+    embedded Redis, SQLite), fit missing adapters in the background, and print the URLs."""
+    from gateway.commands import run_main
+
     models_pull("all", cache_dir)
-    models_check("all", cache_dir=cache_dir)
-    for entry in CATALOG.values():
-        chat(entry.name, "In one sentence: why do caches make programs faster?", cache_dir=cache_dir)
+    with _errors():
+        run_main(config)
 
 
 bench_app = typer.Typer(help="Benchmarks: same-run ratios.", no_args_is_help=True)
@@ -360,6 +368,86 @@ def eval_cmd(
         json_out.write_text(json.dumps(result, indent=2))
         console.print(f"wrote {json_out}")
 
+
+@app.command()
+def serve(
+    config: Annotated[Path | None, typer.Option("--config", envvar="HETEROFOLD_CONFIG", help="YAML config.")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default: config).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: config).")] = None,
+) -> None:
+    """Run the gateway with uvicorn, as configured."""
+    from gateway.commands import serve as serve_gateway
+
+    with _errors():
+        serve_gateway(config, host, port)
+
+
+@app.command()
+def demo(
+    url: Annotated[str, typer.Option(help="A running gateway (`heterofold run`).")] = "http://127.0.0.1:8000",
+    key: Annotated[
+        str | None, typer.Option(envvar="HETEROFOLD_API_KEY", help="Client key, if the API needs one.")
+    ] = None,
+    context_chars: Annotated[int, typer.Option(min=500, help="Characters of shared context.")] = 6000,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 48,
+    compare: Annotated[bool, typer.Option(help="Also time each hop prefilled natively.")] = True,
+) -> None:
+    """Drive planner -> executor -> summarizer over HTTP on a long shared context; print each hop."""
+    from gateway.demo import run_demo
+
+    hops = run_demo(url, key, context_chars=context_chars, max_tokens=max_tokens, compare=compare)
+    table = Table(title=f"multi-agent demo against {url}")
+    cols = ("hop", "model", "path", "adapter", "prompt tok", "cached", "transferred", "recomputed", "transfer ms",
+            "TTFT ms", "native TTFT ms", "prefill saved ms", "fallback")  # fmt: skip
+    for col in cols:
+        table.add_column(col)
+    for h in hops:
+        u, hf = h.usage, h.usage["heterofold"]
+        table.add_row(
+            h.role, h.model, hf["path"], str(hf["adapter_version"] or ""), str(u["prompt_tokens"]),
+            str(u["prompt_tokens_details"]["cached_tokens"]), str(hf["tokens_transferred"]),
+            str(hf["tokens_recomputed"]), f"{hf['transfer_ms']:.0f}", f"{hf['ttft_ms']:.0f}",
+            f"{h.native_ttft_ms:.0f}" if h.native_ttft_ms is not None else "", f"{hf['prefill_ms_saved']:.0f}",
+            str(hf["fallback"] or ""),
+        )  # fmt: skip
+    console.print(table)
+    for h in hops:
+        console.print(f"[bold]{h.role}[/bold]: {h.text.strip()[:300]}")
+
+
+@bench_app.command("gateway")
+def bench_gateway(
+    requests: Annotated[int, typer.Option(min=5)] = 40,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 4,
+    reuse: Annotated[bool, typer.Option(help="Also look up and store KV, as in production.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Per-request latency the gateway adds over calling the engine object directly (same run, same prompts)."""
+    from bench.gateway_bench import run as run_bench
+
+    with _errors():
+        summary = run_bench(requests=requests, max_tokens=max_tokens, reuse=reuse, zoo=Zoo(cache_dir)).summary()
+    if json_out:
+        print(json.dumps(summary, indent=2))
+        return
+    verdict = "met" if summary["added_p50_ms"] <= summary["target_p50_ms"] else "missed"
+    console.print(
+        f"{summary['requests']} requests, smollm2, max_tokens {max_tokens}, reuse {reuse}: direct p50 "
+        f"{summary['direct_p50_ms']} ms, gateway p50 {summary['gateway_p50_ms']} ms, added p50 "
+        f"{summary['added_p50_ms']} ms (paired p50 {summary['paired_diff_p50_ms']}, p90 "
+        f"{summary['paired_diff_p90_ms']}); time inside the gateway p50 {summary['inside_gateway_p50_ms']} ms, "
+        f"p90 {summary['inside_gateway_p90_ms']} ms; target p50 <= {summary['target_p50_ms']} ms: {verdict}"
+    )
+
+
+def _register_db() -> None:
+    from gateway.commands import db_app
+
+    app.add_typer(db_app, name="db")
+
+
+_register_db()
 
 if __name__ == "__main__":
     app()

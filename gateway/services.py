@@ -91,7 +91,21 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
     jobs = FitJobs(db=db, pool=pool, resolver=resolver, adapters_dir=settings.adapters_dir, background=background)
     services = Services(settings, keys, metrics, store, db, pool, resolver, chat, jobs, background)
     services.event_tail = asyncio.get_running_loop().create_task(tail_events(store, metrics), name="event-tail")
+    if settings.bootstrap.fit_missing:
+        b = settings.bootstrap
+        await asyncio.to_thread(
+            jobs.bootstrap, method=b.method, docs=b.docs, max_tokens=b.max_tokens, order=hop_directions(settings)
+        )
     return services
+
+
+def hop_directions(settings: Settings) -> list[tuple[str, str]]:
+    """Every ordered pair of distinct engines, in the order the roles are listed (planner ->
+    executor -> summarizer first: the hops a pipeline takes), then the reverse hops."""
+    engines = list(dict.fromkeys(role.engine for role in settings.roles.values()))
+    forward = [(a, b) for i, a in enumerate(engines) for b in engines[i + 1 :]]
+    forward.sort(key=lambda p: engines.index(p[1]) - engines.index(p[0]))
+    return forward + [(b, a) for a, b in forward]
 
 
 def _register_models(db: Database, pool: EnginePool) -> None:

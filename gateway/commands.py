@@ -1,0 +1,132 @@
+"""The gateway's commands: ``serve``, ``run`` (the main job), ``demo``, ``bench gateway``, ``db``."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gateway.jobs import Job
+from gateway.settings import BootstrapSettings, Settings, load_settings
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+ConfigOpt = Annotated[Path | None, typer.Option("--config", envvar="HETEROFOLD_CONFIG", help="YAML config file.")]
+db_app = typer.Typer(help="The registry database (Alembic).", no_args_is_help=True)
+
+
+def serve(
+    config: ConfigOpt = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default: config).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: config).")] = None,
+) -> None:
+    """Run the gateway with uvicorn, as configured (YAML plus HETEROFOLD_* environment)."""
+    from gateway.app import create_app
+
+    settings = load_settings(config)
+    uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port, log_level="info")
+
+
+def run_main(config: Path | None = None) -> None:
+    """The main job: the gateway on embedded defaults (local engines, embedded Redis, SQLite), with
+    adapters fitted in the background for directions that have none."""
+    settings = load_settings(config)
+    admin_key = settings.auth.admin_key.get_secret_value() if settings.auth.admin_key else secrets.token_urlsafe(24)
+    settings = settings.model_copy(
+        update={
+            "auth": settings.auth.model_copy(update={"admin_key": admin_key}),
+            "bootstrap": BootstrapSettings(**{**settings.bootstrap.model_dump(), "fit_missing": True}),
+        }
+    )
+    console.print(f"Loading {len(settings.engines)} engines and starting the gateway (data in {settings.data_dir})...")
+    asyncio.run(_run(settings, admin_key))
+
+
+async def _run(settings: Settings, admin_key: str) -> None:
+    from gateway.app import create_app
+
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        if serving.done():
+            serving.result()
+            return
+        await asyncio.sleep(0.1)
+    base = f"http://{settings.host}:{settings.port}"
+    _print_urls(settings, base, admin_key)
+    jobs = app.state.services.jobs.jobs
+    if jobs:
+        console.print(
+            f"Fitting {len(jobs)} adapter directions in the background (a few minutes each on a CPU). The gateway "
+            "serves native prefill meanwhile; each direction starts transferring KV once its adapter is active."
+        )
+        await _progress(jobs, serving)
+        console.print("Adapters fitted and promoted. Ctrl-C stops the gateway.")
+    else:
+        console.print("Every direction already has an adapter. Ctrl-C stops the gateway.")
+    await serving
+
+
+def _print_urls(settings: Settings, base: str, admin_key: str) -> None:
+    table = Table(title="HeteroFold Gateway", show_header=False)
+    for label, url in (
+        ("chat (OpenAI)", f"{base}/v1  (roles: {', '.join(settings.roles)})"),
+        ("one role", f"{base}/v1/agents/<role>/chat/completions"),
+        ("API docs", f"{base}/docs"),
+        ("metrics", f"{base}/metrics"),
+        ("health", f"{base}/health/ready"),
+        ("admin", f"{base}/admin/adapters  (Authorization: Bearer {admin_key})"),
+    ):
+        table.add_row(label, url)
+    console.print(table)
+    if not settings.auth.client_keys:
+        console.print("[yellow]No client keys configured: the chat API is open to anyone who can reach it.[/yellow]")
+    console.print(f"Try: heterofold demo --url {base}")
+
+
+async def _progress(jobs: dict[str, Job], serving: asyncio.Task[None]) -> None:
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console) as bars:
+        ids: dict[str, TaskID] = {}
+        while not serving.done():
+            for job in list(jobs.values()):
+                state = f"{job.status} {job.stage} {job.done}/{job.total}"
+                if job.id not in ids:
+                    ids[job.id] = bars.add_task(f"{job.sender} -> {job.receiver}", total=1.0, state=state)
+                finished = job.status in ("done", "failed")
+                bars.update(ids[job.id], completed=1.0 if finished else job.view()["progress"], state=state)
+            if all(job.status in ("done", "failed") for job in jobs.values()):
+                return
+            await asyncio.sleep(0.5)
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    config: ConfigOpt = None,
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+) -> None:
+    """Migrate the registry up (compose runs this before the gateway)."""
+    from gateway.registry import db
+
+    settings = load_settings(config)
+    db.upgrade(settings.registry_url, revision)
+    console.print(f"registry at {revision}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision, or `base`.")], config: ConfigOpt = None
+) -> None:
+    """Migrate the registry down."""
+    from gateway.registry import db
+
+    db.downgrade(load_settings(config).registry_url, revision)
+    console.print(f"registry at {revision}")
