@@ -9,6 +9,8 @@ COPY store store
 COPY gateway gateway
 COPY dashboard dashboard
 COPY bench bench
+COPY migrations migrations
+COPY config config
 RUN pip install --no-cache-dir .
 ENV HETEROFOLD_CACHE_DIR=/cache
 VOLUME /cache

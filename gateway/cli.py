@@ -418,7 +418,7 @@ def demo(
 @bench_app.command("gateway")
 def bench_gateway(
     requests: Annotated[int, typer.Option(min=5)] = 40,
-    max_tokens: Annotated[int, typer.Option(min=1)] = 4,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 1,
     reuse: Annotated[bool, typer.Option(help="Also look up and store KV, as in production.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     cache_dir: CacheDir = None,
@@ -431,13 +431,14 @@ def bench_gateway(
     if json_out:
         print(json.dumps(summary, indent=2))
         return
-    verdict = "met" if summary["added_p50_ms"] <= summary["target_p50_ms"] else "missed"
+    verdict = "met" if summary["overhead_p50_ms"] <= summary["target_p50_ms"] else "missed"
     console.print(
         f"{summary['requests']} requests, smollm2, max_tokens {max_tokens}, reuse {reuse}: direct p50 "
-        f"{summary['direct_p50_ms']} ms, gateway p50 {summary['gateway_p50_ms']} ms, added p50 "
-        f"{summary['added_p50_ms']} ms (paired p50 {summary['paired_diff_p50_ms']}, p90 "
-        f"{summary['paired_diff_p90_ms']}); time inside the gateway p50 {summary['inside_gateway_p50_ms']} ms, "
-        f"p90 {summary['inside_gateway_p90_ms']} ms; target p50 <= {summary['target_p50_ms']} ms: {verdict}"
+        f"{summary['direct_p50_ms']} ms, gateway p50 {summary['gateway_p50_ms']} ms, paired wall difference p50 "
+        f"{summary['added_p50_ms']} ms; time outside the engine p50: direct {summary['direct_outside_engine_p50_ms']}"
+        f" ms, gateway {summary['gateway_outside_engine_p50_ms']} ms; gateway-added latency p50 "
+        f"{summary['overhead_p50_ms']} ms (p90 {summary['overhead_p90_ms']}); target p50 <= "
+        f"{summary['target_p50_ms']} ms: {verdict}"
     )
 
 

@@ -196,7 +196,7 @@ class HopPlanner:
         return HopPlan(
             "transfer",
             result.kv,
-            adapter_version=adapter.manifest.version,
+            adapter_version=ref.version if ref else adapter.manifest.version,
             adapter_id=ref.id if ref else None,
             route=f"{self.names(inputs.pair[0]) or '?'} -> {hop.engine_name}",
             tokens_transferred=result.mapped,

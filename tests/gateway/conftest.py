@@ -97,10 +97,12 @@ class Gateway:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=120)
 
-    def settle(self, timeout_s: float = 60.0) -> None:
-        """Wait for after-turn work (storing the turn's KV, events) to finish."""
-        future = asyncio.run_coroutine_threadsafe(self.services.background.drain(timeout_s), self.loop)
-        future.result(timeout_s + 5)
+    def settle(self, timeout_s: float = 120.0) -> None:
+        """Wait for after-turn work (storing the turn's KV, events, shadow runs) to finish."""
+        deadline = time.monotonic() + timeout_s
+        while self.services.background.pending and time.monotonic() < deadline:
+            future = asyncio.run_coroutine_threadsafe(self.services.background.drain(timeout_s), self.loop)
+            future.result(timeout_s + 5)
 
 
 def _serve(app: FastAPI) -> Iterator[Gateway]:

@@ -1,0 +1,117 @@
+"""The admin API: uploads, stale versions, fit jobs, and shadow evaluation with drift rollback."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from engines.local import LocalEngine
+from gateway.settings import ShadowSettings
+from heterofold.adapter import Adapter, LayerMap, Side
+from tests.gateway.conftest import SMOL, Gateway
+from tests.gateway.test_fallbacks import cross_hop
+from tests.gateway.test_hops import upload
+
+pytestmark = pytest.mark.models
+
+
+def saved_identity(engine: LocalEngine, folder: Path, fingerprint: str | None = None) -> Path:
+    side = Side.of(engine.spec)
+    if fingerprint:
+        side = Side(side.name, fingerprint, side.num_layers, side.num_kv_heads, side.head_dim, side.rope_thetas)
+    ident = Adapter.identity(side, "identity-upload")
+    maps = [LayerMap(*(t.clone() for t in (m.k_weight, m.k_bias, m.v_weight, m.v_bias))) for m in ident.maps]
+    Adapter(ident.manifest, maps).save(folder)
+    return folder
+
+
+def test_upload_ignores_client_file_names_and_marks_stale_versions(
+    gateway: Gateway, load_engine: Callable[[str], LocalEngine], tmp_path: Path
+) -> None:
+    folder = saved_identity(load_engine(SMOL), tmp_path / "old", fingerprint="9" * 64)  # weights no engine runs
+    files = {
+        "manifest": ("../../../../etc/evil.json", (folder / "manifest.json").read_bytes()),
+        "weights": ("/tmp/evil.safetensors", (folder / "adapter.safetensors").read_bytes()),
+    }
+    with gateway.http() as admin:
+        r = admin.post("/admin/adapters", files=files)
+        assert r.status_code == 201, r.text
+        row = r.json()
+        assert row["stale"] and row["status"] == "candidate"
+        stored = Path(row["artifact_path"]).resolve()
+        assert stored.is_relative_to(gateway.services.settings.adapters_dir.resolve())
+        assert not Path("/etc/evil.json").exists() and not Path("/tmp/evil.safetensors").exists()
+        r = admin.post(f"/admin/adapters/{row['id']}/promote")
+        assert r.status_code == 409 and "stale" in r.json()["error"]["message"]
+        bad = {"manifest": b"{}", "weights": b"not safetensors"}
+        r = admin.post("/admin/adapters", files=bad)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_adapter"
+
+
+def test_fit_job_answers_202_reports_progress_and_registers_a_candidate(gateway: Gateway) -> None:
+    with gateway.http() as admin:
+        body = {"sender": SMOL, "receiver": "gemma3-270m", "method": "kv-ridge", "docs": 2, "max_tokens": 96}
+        r = admin.post("/admin/fits", json=body)
+        assert r.status_code == 202 and r.headers["location"] == f"/admin/fits/{r.json()['id']}"
+        job = r.json()
+        deadline = time.monotonic() + 600
+        while job["status"] in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(1)
+            job = admin.get(f"/admin/fits/{job['id']}").json()
+        assert job["status"] == "done", job
+        assert job["progress"] == 1.0 and job["adapter_id"]
+        adapters = {a["id"]: a for a in admin.get("/admin/adapters").json()}
+        assert adapters[job["adapter_id"]]["status"] == "candidate" and not adapters[job["adapter_id"]]["stale"]
+
+
+def test_shadow_version_is_evaluated_on_live_traffic_without_serving(
+    start_gateway: Callable[..., Gateway], fitted_adapter: Path
+) -> None:
+    gateway = start_gateway(shadow=ShadowSettings(sample_rate=0.0, shadow_rate=1.0))
+    row = upload(gateway, fitted_adapter, promote=False)
+    with gateway.http() as admin:
+        assert admin.post(f"/admin/adapters/{row['id']}/shadow").json()["status"] == "shadow"
+    hf = cross_hop(gateway, "conv-shadow")
+    assert hf["path"] == "native"  # a shadow version never serves
+    with gateway.http(None) as http:
+        metrics = http.get("/metrics").text
+    assert 'heterofold_shadow_samples_total{version="test-v1"} 1.0' in metrics
+    assert 'heterofold_adapter_drift_first_token_kl{version="test-v1"}' in metrics
+
+
+def test_drift_over_the_threshold_alerts_and_rolls_back(
+    start_gateway: Callable[..., Gateway], fitted_adapter: Path
+) -> None:
+    shadow = ShadowSettings(sample_rate=1.0, shadow_rate=0.0, drift_kl_threshold=1e-9, min_samples=1,
+                            auto_rollback=True)  # fmt: skip
+    gateway = start_gateway(shadow=shadow)
+    with gateway.http() as admin:
+        files = {"manifest": (fitted_adapter / "manifest.json").read_bytes(),
+                 "weights": (fitted_adapter / "adapter.safetensors").read_bytes()}  # fmt: skip
+        first = admin.post("/admin/adapters", files=files, data={"version": "v1"}).json()
+        second = admin.post("/admin/adapters", files=files, data={"version": "v2"}).json()
+        admin.post(f"/admin/adapters/{first['id']}/promote")
+        admin.post(f"/admin/adapters/{second['id']}/promote")
+    gateway.services.resolver.invalidate()
+    ask_hf = cross_hop_transfer(gateway)
+    assert ask_hf["path"] == "transfer" and ask_hf["adapter_version"] == "v2"
+    with gateway.http() as admin:
+        statuses = {a["id"]: a["status"] for a in admin.get("/admin/adapters").json()}
+        audit = admin.get("/admin/audit").json()
+    assert statuses == {first["id"]: "active", second["id"]: "candidate"}
+    assert any(a["action"] == "rollback" and a["actor"] == "auto" and a["adapter_id"] == second["id"] for a in audit)
+    kinds = [e.kind for e in gateway.services.store.events.read(count=1000)]
+    assert "adapter.drift" in kinds
+
+
+def cross_hop_transfer(gateway: Gateway) -> dict[str, object]:
+    from tests.gateway.test_hops import CONTEXT, ask
+
+    ask(gateway, "executor", [{"role": "user", "content": CONTEXT}], "conv-drift")
+    gateway.settle()
+    _, hf, _ = ask(gateway, "summarizer", [{"role": "user", "content": f"{CONTEXT}\n\nSummarize."}], "conv-drift")
+    gateway.settle()
+    return dict(hf)
