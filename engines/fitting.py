@@ -60,6 +60,7 @@ async def fit_direction(
     seed: int,
     version: str,
     max_tokens: int = 1024,
+    init: str = "ridge",
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Adapter:
     t0 = time.perf_counter()
@@ -75,6 +76,7 @@ async def fit_direction(
     data = stack_pairs(pairs, Side.of(sender.spec), Side.of(receiver.spec), eligible)
     digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
     info = {
+        "init": init if method == "heterofold" else "",
         "data_sha256": digest,
         "documents": len(texts),
         "seed": seed,
@@ -82,7 +84,7 @@ async def fit_direction(
     }
     adapter = fit_adapter(
         data, Side.of(sender.spec), Side.of(receiver.spec), eligible,
-        method=method, version=version, fit_info=info, progress=progress,
+        method=method, version=version, init=init, fit_info=info, progress=progress,
     )  # fmt: skip
     if calibrate:
         adapter = calibrate_adapter(adapter, pairs, receiver.spec.windows, receiver.spec.attn_scale, seed=seed,

@@ -6,9 +6,13 @@ tokens. One document in five is held out to choose the ridge strength and to rep
 
 - ``kv-ridge`` (the baseline): per receiver layer, rank the eligible sender layers by the held-out
   R² of a single-layer ridge fit, take the top ``k``, fit a closed-form ridge on them.
-- ``heterofold``: per receiver layer, the sender layers nearest in relative depth; whiten both
-  sides, rotate with orthogonal Procrustes, re-colour with the receiver's covariance, so mapped
-  keys and values keep the receiver's statistics (ridge shrinks them toward the mean).
+- ``heterofold``: per receiver layer, the sender layers nearest in relative depth, an affine
+  initial map, then calibration (``calibrate_adapter``) on the receiver's own attention.
+  The initial map is a ridge fit (``init="ridge"``, the default) or re-colouring
+  (``init="recolour"``: whiten both sides, rotate with orthogonal Procrustes, re-colour with the
+  receiver's covariance, so mapped keys and values keep the receiver's statistics). Measured on
+  smollm2 to gemma3 (BENCHMARKS.md), re-colouring made the transferred first-token KL worse
+  (1.34 against ridge's 0.70 with no recompute), so ridge is the default.
 """
 
 from __future__ import annotations
@@ -150,11 +154,14 @@ def fit_adapter(
     method: str,
     version: str,
     width: int = 3,
+    init: str = "ridge",
     fit_info: dict[str, object] | None = None,
     progress: Progress | None = None,
 ) -> Adapter:
     if method not in ("kv-ridge", "heterofold"):
         raise AdapterError(f"unknown method {method!r}: kv-ridge or heterofold")
+    if init not in ("ridge", "recolour"):
+        raise AdapterError(f"unknown initial map {init!r}: ridge or recolour")
     t0 = time.perf_counter()
     held = data.held_out
     by_depth = align_layers(receiver.num_layers, sender.num_layers, eligible, width)
@@ -164,6 +171,11 @@ def fit_adapter(
         if method == "kv-ridge":
             ranked = sorted(eligible, key=lambda s: -_single_r2(data, s, yk, yv, held))
             layers = tuple(sorted(ranked[:width]))
+            xk, xv = _features(data, layers)
+            wk, bk, sk = _fit_ridge(xk, yk, held)
+            wv, bv, sv = _fit_ridge(xv, yv, held)
+        elif init == "ridge":
+            layers = tuple(by_depth[layer])
             xk, xv = _features(data, layers)
             wk, bk, sk = _fit_ridge(xk, yk, held)
             wv, bv, sv = _fit_ridge(xv, yv, held)
