@@ -1,11 +1,8 @@
-"""A KV value on its way into a tier, with its serialized form made at most once."""
+"""A KV value on its way into a tier, with its serialized layout made at most once."""
 
 from __future__ import annotations
 
-from heterofold.kv import KVCache
-
-# KVCache.to_bytes layout: 4-byte magic, 2-byte version, then the body's sha256.
-_DIGEST = slice(6, 38)
+from heterofold.kv import KVCache, KVParts
 
 
 def memory_bytes(kv: KVCache) -> int:
@@ -13,34 +10,34 @@ def memory_bytes(kv: KVCache) -> int:
     return kv.nbytes + kv.token_ids.nbytes + kv.positions.nbytes
 
 
-def blob_checksum(blob: bytes | memoryview) -> str:
-    """The sha256 a serialized value carries in its header (hex), without hashing it again."""
-    return bytes(blob[_DIGEST]).hex()
-
-
 class Payload:
-    """One value being placed. ``blob`` serializes on first use only, so a payload that stays in
-    memory tiers never pays for serialization and one that lands on SSD pays once. A payload read
-    back from SSD comes with its blob."""
+    """One value being placed. ``parts`` lays out its serialized form on first use only (views of
+    its tensors, nothing copied), so a payload that stays in memory tiers never pays for it. A
+    payload read back from SSD carries the checksum it was verified against."""
 
-    def __init__(self, kv: KVCache, blob: bytes | None = None) -> None:
+    def __init__(self, kv: KVCache, checksum: str = "") -> None:
         self.kv = kv
-        self._blob = blob
+        self._checksum = checksum
+        self._parts: KVParts | None = None
 
     @property
     def memory_bytes(self) -> int:
         return memory_bytes(self.kv)
 
     @property
-    def serialized(self) -> bool:
-        return self._blob is not None
+    def parts(self) -> KVParts:
+        if self._parts is None:
+            self._parts = self.kv.to_parts()
+        return self._parts
 
     @property
-    def blob(self) -> bytes:
-        if self._blob is None:
-            self._blob = self.kv.to_bytes()
-        return self._blob
+    def serialized(self) -> bool:
+        """Whether its checksum is known, i.e. it was written to or read from SSD."""
+        return bool(self._checksum)
 
     @property
     def checksum(self) -> str:
-        return blob_checksum(self.blob)
+        """The sha256 of its serialized body (hex), hashed here unless already known."""
+        if not self._checksum:
+            self._checksum = self.parts.sha256().hex()
+        return self._checksum

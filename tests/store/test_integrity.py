@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from heterofold.kv import HEADER_SIZE, header_digest
 from store.errors import PayloadCorrupt
 from store.kv_store import KVStore
+from store.payload import Payload
 from store.redis_server import EmbeddedRedis
+from store.ssd_tier import CHUNK, SsdTier
 
-from .conftest import FP, make_kv
+from .conftest import FP, assert_same, make_kv
 
 TOKENS = list(range(300, 312))
 
@@ -57,6 +60,54 @@ def test_a_valid_file_of_another_value_is_refused_by_the_recorded_checksum(
     with pytest.raises(PayloadCorrupt):
         store.load(match)
     assert store.lookup(scope, TOKENS) is None
+
+
+@pytest.mark.parametrize("fsync", [False, True])
+def test_ssd_tier_writes_the_canonical_bytes_and_reads_them_back_verified(tmp_path: Path, fsync: bool) -> None:
+    kv = make_kv(list(range(640)), H=4, D=256)  # 10.5 MB: read and hashed in several chunks
+    tier = SsdTier(tmp_path, budget=1 << 30, fsync=fsync)
+    stored = tier.put("h", Payload(kv))
+    blob = tier.path("h").read_bytes()
+    assert len(blob) > 2 * CHUNK and stored.nbytes == len(blob)
+    assert blob == kv.to_bytes() and stored.checksum == header_digest(blob).hex()
+    payload = tier.get("h", stored.checksum)
+    assert_same(payload.kv, kv)
+    assert payload.serialized and payload.checksum == stored.checksum
+
+
+def flip(at: int) -> Callable[[bytes], bytes]:
+    def damage(blob: bytes) -> bytes:
+        out = bytearray(blob)
+        out[at] ^= 0x10
+        return bytes(out)
+
+    return damage
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        flip(-1),  # the last chunk's last byte
+        flip(CHUNK + 5),  # inside the second chunk
+        flip(HEADER_SIZE + 20),  # the JSON header
+        lambda blob: blob[: 2 * CHUNK],  # truncated at a chunk boundary
+        lambda blob: blob[:-1],
+        lambda blob: blob[:HEADER_SIZE],  # the header alone
+        lambda blob: b"",
+        lambda blob: b"HFKX" + blob[4:],  # another magic
+        lambda blob: blob[:4] + (1).to_bytes(2, "little") + blob[6:],  # format version 1
+        lambda blob: blob + b"\0",  # grown
+    ],
+    ids=["last", "chunk2", "json", "truncated-chunk", "truncated", "header-only", "empty", "magic", "v1", "grown"],
+)
+def test_ssd_tier_drops_a_damaged_file_and_never_returns_it(tmp_path: Path, damage: Callable[[bytes], bytes]) -> None:
+    tier = SsdTier(tmp_path, budget=1 << 30)
+    checksum = tier.put("h", Payload(make_kv(list(range(640)), H=4, D=256))).checksum
+    path = tier.path("h")
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(PayloadCorrupt):
+        tier.get("h", checksum)
+    assert "h" not in tier and not path.exists()
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import redis
 
+from heterofold.kv import HEADER_SIZE, header_digest
 from store.kv_store import KVStore
 
 from .conftest import FP, OTHER_FP, Clock, assert_same, make_kv
@@ -70,9 +71,9 @@ def test_handle_metadata_records_tier_checksum_times_and_hits(open_store: Callab
     assert (meta.tokens, meta.tier, meta.hits) == (10, "ssd", 2)
     blob = Path(meta.location).read_bytes()
     assert meta.nbytes == len(blob) and meta.location.endswith(".kv")
-    # The header's sha256, over the body (to_bytes is not byte-stable: safetensors writes its
-    # metadata map in any order, so the checksum names one serialization, not the value).
-    assert meta.checksum == blob[6:38].hex() == hashlib.sha256(blob[38:]).hexdigest()
+    # The header's sha256, over the body; serialization is deterministic, so it names the value.
+    assert meta.checksum == header_digest(blob).hex() == hashlib.sha256(blob[HEADER_SIZE:]).hexdigest()
+    assert blob == kv.to_bytes()
     assert meta.created == created and meta.last_access == created + 5
     assert len(meta.pages) == 2
 
