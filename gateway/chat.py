@@ -18,7 +18,7 @@ from gateway.errors import InvalidRequest, UnknownRole
 from gateway.hop import Fallbacks, Hop, HopPlan, HopPlanner
 from gateway.metrics import Metrics
 from gateway.schemas import ChatRequest, HeteroFoldUsage, PromptTokensDetails, Usage
-from gateway.settings import Settings
+from gateway.settings import Settings, TransferPolicy
 from gateway.shadow import ShadowEvaluator
 from gateway.turns import FinishedTurn, TurnRecorder
 from store.errors import StoreError
@@ -26,6 +26,7 @@ from store.kv_store import KVStore
 
 log = logging.getLogger(__name__)
 STORE_WAIT_S = 5.0
+NO_REUSE = TransferPolicy(prefix_reuse=False, store_turns=False, transfer=False, same_model=False)
 
 
 @dataclass(frozen=True)
@@ -89,12 +90,13 @@ class ChatService:
             stop=request.stops,
         )
         users = [m["content"] for m in messages if m["role"] == "user"]
+        policy = cfg.policy if request.kv_reuse else NO_REUSE
         hop = Hop(
-            role=role, engine_name=cfg.engine, engine=engine, policy=cfg.policy, tail_window=cfg.tail_window,
+            role=role, engine_name=cfg.engine, engine=engine, policy=policy, tail_window=cfg.tail_window,
             ids=enc.ids, offsets=enc.offsets, text=text, contents=[m["content"] for m in messages],
             question=users[-1] if users else "", tenant=tenant, conversation_id=conversation_id,
         )  # fmt: skip
-        return Prepared(pooled, hop, params, "turn" if cfg.policy.store_turns else "none")
+        return Prepared(pooled, hop, params, "turn" if policy.store_turns else "none")
 
     async def stream(self, prepared: Prepared) -> AsyncGenerator[str | TurnResult, None]:
         """Text deltas as they become final, then one TurnResult."""

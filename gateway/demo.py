@@ -27,8 +27,13 @@ class HopResult:
 
 
 def _chat(http: httpx.Client, role: str, content: str, conversation: str | None, max_tokens: int) -> dict[str, Any]:
+    """One hop; without a conversation, a plain native prefill (``kv_reuse`` off) for comparison."""
     headers = {"X-Conversation-Id": conversation} if conversation else {}
-    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens}
+    body = {
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "kv_reuse": bool(conversation),
+    }
     r = http.post(f"/v1/agents/{role}/chat/completions", json=body, headers=headers)
     if r.status_code != 200:
         raise RuntimeError(f"{role}: HTTP {r.status_code}: {r.text[:300]}")
@@ -38,8 +43,8 @@ def _chat(http: httpx.Client, role: str, content: str, conversation: str | None,
 
 def run_demo(url: str, key: str | None, *, context_chars: int = 6000, max_tokens: int = 48,
              compare: bool = True) -> list[HopResult]:  # fmt: skip
-    context = stdlib_text(context_chars, start=11)
     conversation = f"demo-{uuid.uuid4().hex[:8]}"
+    context = f"Session {conversation}.\n\n{stdlib_text(context_chars, start=11)}"  # nothing cached from earlier runs
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     results: list[HopResult] = []
     with httpx.Client(base_url=url, headers=headers, timeout=600) as http:

@@ -42,6 +42,7 @@ class ChatRequest(BaseModel):
     n: int = Field(1, ge=1, le=1)
     user: str | None = None
     conversation_id: str | None = Field(None, min_length=1, max_length=200)
+    kv_reuse: bool = True  # HeteroFold extension: false = plain native prefill, nothing reused or stored
 
     @property
     def stops(self) -> tuple[str, ...]:
