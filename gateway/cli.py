@@ -420,6 +420,7 @@ def bench_gateway(
     requests: Annotated[int, typer.Option(min=5)] = 40,
     max_tokens: Annotated[int, typer.Option(min=1)] = 1,
     reuse: Annotated[bool, typer.Option(help="Also look up and store KV, as in production.")] = False,
+    asgi: Annotated[bool, typer.Option(help="Call the app in-process (no sockets) instead of a child server.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     cache_dir: CacheDir = None,
 ) -> None:
@@ -427,13 +428,15 @@ def bench_gateway(
     from bench.gateway_bench import run as run_bench
 
     with _errors():
-        summary = run_bench(requests=requests, max_tokens=max_tokens, reuse=reuse, zoo=Zoo(cache_dir)).summary()
+        result = run_bench(requests=requests, max_tokens=max_tokens, reuse=reuse, asgi=asgi, zoo=Zoo(cache_dir))
+    summary = result.summary()
     if json_out:
         print(json.dumps(summary, indent=2))
         return
     verdict = "met" if summary["overhead_p50_ms"] <= summary["target_p50_ms"] else "missed"
     console.print(
-        f"{summary['requests']} requests, smollm2, max_tokens {max_tokens}, reuse {reuse}: direct p50 "
+        f"{summary['requests']} requests, smollm2, max_tokens {max_tokens}, reuse {reuse}, "
+        f"{'in-process ASGI' if asgi else 'HTTP to a child process'}: direct p50 "
         f"{summary['direct_p50_ms']} ms, gateway p50 {summary['gateway_p50_ms']} ms, paired wall difference p50 "
         f"{summary['added_p50_ms']} ms; time outside the engine p50: direct {summary['direct_outside_engine_p50_ms']}"
         f" ms, gateway {summary['gateway_outside_engine_p50_ms']} ms; gateway-added latency p50 "
