@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 import uvicorn
+from pydantic import SecretStr
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -41,7 +42,7 @@ def run_main(config: Path | None = None) -> None:
     admin_key = settings.auth.admin_key.get_secret_value() if settings.auth.admin_key else secrets.token_urlsafe(24)
     settings = settings.model_copy(
         update={
-            "auth": settings.auth.model_copy(update={"admin_key": admin_key}),
+            "auth": settings.auth.model_copy(update={"admin_key": SecretStr(admin_key)}),
             "bootstrap": BootstrapSettings(**{**settings.bootstrap.model_dump(), "fit_missing": True}),
         }
     )

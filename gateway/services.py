@@ -91,11 +91,9 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
     jobs = FitJobs(db=db, pool=pool, resolver=resolver, adapters_dir=settings.adapters_dir, background=background)
     services = Services(settings, keys, metrics, store, db, pool, resolver, chat, jobs, background)
     services.event_tail = asyncio.get_running_loop().create_task(tail_events(store, metrics), name="event-tail")
-    if settings.bootstrap.fit_missing:
+    if settings.bootstrap.fit_missing:  # on the loop: the jobs are tasks of it (a few quick SQL reads)
         b = settings.bootstrap
-        await asyncio.to_thread(
-            jobs.bootstrap, method=b.method, docs=b.docs, max_tokens=b.max_tokens, order=hop_directions(settings)
-        )
+        jobs.bootstrap(method=b.method, docs=b.docs, max_tokens=b.max_tokens, order=hop_directions(settings))
     return services
 
 
