@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,10 @@ from gateway.registry.db import Database
 from gateway.registry.tables import FitJobRow
 
 log = logging.getLogger(__name__)
+
+
+class FitCancelled(Exception):
+    """The gateway is stopping: a running fit gives up at its next progress step."""
 
 
 @dataclass
@@ -61,6 +66,11 @@ class FitJobs:
         self.background = background
         self.jobs: dict[str, Job] = {}
         self._one_at_a_time = asyncio.Lock()
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """Make running fits give up (their threads would otherwise hold the process for minutes)."""
+        self._stopping.set()
 
     def start(self, *, sender: str, receiver: str, method: str, docs: int, max_tokens: int,
               version: str | None = None, activate: bool = False) -> Job:  # fmt: skip
@@ -113,6 +123,8 @@ class FitJobs:
         assert isinstance(sender, LocalEngine) and isinstance(receiver, LocalEngine)  # checked in start
 
         def progress(stage: str, done: int, total: int) -> None:
+            if self._stopping.is_set():
+                raise FitCancelled("the gateway is stopping")
             job.stage, job.done, job.total = stage, done, total
 
         texts = default_corpus(0, job.docs)

@@ -50,6 +50,7 @@ class Services:
     async def aclose(self) -> None:
         if self.event_tail is not None:
             self.event_tail.cancel()
+        self.jobs.stop()
         await self.background.aclose()
         await self.pool.aclose()
         self.db.close()
