@@ -283,6 +283,9 @@ def fit(
     docs: Annotated[int, typer.Option(min=2, help="Fit documents of the default corpus.")] = 16,
     max_tokens: Annotated[int, typer.Option(min=64, help="Receiver tokens per fit document.")] = 1024,
     seed: Annotated[int, typer.Option()] = 0,
+    init: Annotated[
+        str, typer.Option(help="HeteroFold's initial map before calibration: ridge or recolour.")
+    ] = "ridge",
     version: Annotated[str | None, typer.Option(help="Version label (default: method-date).")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
@@ -307,7 +310,7 @@ def fit(
         with _progress_bars(f"{sender} -> {receiver}") as progress:
             adapter = asyncio.run(
                 fit_direction(s, r, method=method, texts=texts, seed=seed, version=label, max_tokens=max_tokens,
-                              progress=progress)
+                              init=init, progress=progress)
             )  # fmt: skip
         digest = adapter.save(out)
         m = adapter.manifest
@@ -329,6 +332,7 @@ def eval_cmd(
         str, typer.Option(help="Builtin suite context lengths, comma separated.")
     ] = "512,1024,2048,4096",
     limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N items.")] = None,
+    every: Annotated[int, typer.Option(min=1, help="Evaluate every Nth item (a balanced subset).")] = 1,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
@@ -343,7 +347,7 @@ def eval_cmd(
         items = (
             builtin_suite(lengths=tuple(int(x) for x in lengths.split(","))) if data == "builtin" else load_jsonl(data)
         )
-        items = items[:limit] if limit else items
+        items = items[::every][:limit] if limit else items[::every]
         zoo = Zoo(cache_dir)
         s, r = LocalEngine.from_zoo(sender, zoo=zoo), LocalEngine.from_zoo(receiver, zoo=zoo)
         fps = {"sender_fingerprint": s.spec.fingerprint, "receiver_fingerprint": r.spec.fingerprint}

@@ -95,8 +95,8 @@ class Adapter:
         """A model to itself: each layer read from itself, unchanged. Applying it reproduces the
         sender's cache (RoPE stripped and re-applied at the same positions)."""
         n = side.num_kv_heads * side.head_dim
-        eye, zero = torch.eye(n), torch.zeros(n)
-        maps = [LayerMap(eye, zero, eye, zero) for _ in range(side.num_layers)]
+        # Separate tensors per layer: safetensors refuses to save tensors that share memory.
+        maps = [LayerMap(torch.eye(n), torch.zeros(n), torch.eye(n), torch.zeros(n)) for _ in range(side.num_layers)]
         layers = tuple((i,) for i in range(side.num_layers))
         return cls(Manifest("identity", version, side, side, layers), maps)
 

@@ -167,10 +167,11 @@ class Index:
                         pipe.hgetall(self.keys.handle(h))
                     raws = pipe.execute()
                 for h, raw in zip(chunk, raws, strict=True):
-                    if raw:
+                    if raw and b"tier" in raw:
                         out.append(HandleMeta.from_redis(h, raw))
-                    else:
-                        self.client.zrem(self.keys.lru, h)  # its metadata expired
+                    else:  # expired, or a partial hash (seen after an append-only-log replay): drop it
+                        self.client.delete(self.keys.handle(h))
+                        self.client.zrem(self.keys.lru, h)
         return out
 
     def set_usage(self, usage: dict[str, int]) -> None:

@@ -129,3 +129,10 @@ def test_artifact_round_trip_and_refusals(tmp_path: Path) -> None:
 def test_sections_map_receiver_tokens_only_inside_shared_text() -> None:
     src = align_tokens([(0, 3), (3, 6)], [(0, 2), (2, 4), (4, 6), (6, 9)], [Section(0, 2, 4)])
     assert src.tolist() == [-1, 0, 1, -1]
+
+
+def test_identity_adapter_saves_and_loads(tmp_path: Path) -> None:
+    s = side("a")
+    Adapter.identity(s).save(tmp_path / "id")
+    loaded = Adapter.load(tmp_path / "id", sender_fingerprint=s.fingerprint, receiver_fingerprint=s.fingerprint)
+    assert loaded.manifest.method == "identity"

@@ -132,3 +132,14 @@ def test_redis_restarted_without_its_data_leaves_a_working_store(
     for i in range(4):
         store.put(scope, make_kv([i, *B[1:]], seed=i))  # the orphans go first when room is needed
         assert all(u.used <= u.budget for u in store.usage())
+
+
+def test_partial_handle_hash_is_dropped_at_start_instead_of_crashing(open_store) -> None:  # type: ignore[no-untyped-def]
+    store = open_store()
+    keys, client = store.index.keys, store.index.client
+    client.hset(keys.handle("ghost"), mapping={"last_access": "1.0"})
+    client.zadd(keys.lru, {"ghost": 1.0})
+    store.close()
+    again = open_store()
+    assert again.index.handles() == []
+    assert not again.index.client.exists(keys.handle("ghost"))
