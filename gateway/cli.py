@@ -248,7 +248,9 @@ def bench_transfer(
     ridge: Annotated[
         Path | None, typer.Option(help="KV Ridge adapter (default: artifacts/adapters/S__R/kv-ridge).")
     ] = None,
-    budget: Annotated[float, typer.Option(min=0.0, max=1.0, help="HeteroFold recompute budget.")] = 0.05,
+    budget: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="HeteroFold recompute budget (BENCHMARKS.md recommends 0.02).")
+    ] = 0.02,
     repeats: Annotated[int, typer.Option(min=1)] = 3,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
     cache_dir: CacheDir = None,
