@@ -133,7 +133,6 @@ class LocalEngine(Engine):
 
     def _start(self, ids: list[int], past: KVCache | None) -> tuple[Any, int]:
         """A cache to continue from and how many of ``ids`` it covers (always fewer than all)."""
-        cache = None
         if past is None or past.num_tokens == 0:
             return None, 0
         n = past.num_tokens
