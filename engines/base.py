@@ -68,6 +68,7 @@ class Timings:
     ttft_ms: float = 0.0  # from submission to the first generated token
     decode_ms: float = 0.0  # from the first generated token to the last
     completion_tokens: int = 0
+    storage_tokens: int | None = None  # prompt tokens loaded from HiCache storage (SGLang); None: not such an engine
 
     @property
     def decode_tokens_per_s(self) -> float:

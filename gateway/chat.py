@@ -127,6 +127,7 @@ class ChatService:
 
     def _finish(self, prepared: Prepared, plan: HopPlan, plan_ms: float, done: Completion) -> TurnResult:
         hop, pooled = prepared.hop, prepared.pooled
+        plan = self.planner.confirm(hop, plan, done.timings)  # an SGLang storage miss prefilled natively
         t = done.timings
         cached = t.cached_tokens
         if plan.path == "native":

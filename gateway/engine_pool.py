@@ -12,10 +12,14 @@ from dataclasses import dataclass
 
 from engines.base import Engine
 from engines.local import LocalEngine
+from engines.sglang import SGLangEngine
 from engines.zoo import Zoo
 from gateway.errors import UnknownRole
 from gateway.settings import EngineSettings
 from heterofold.corpus import stdlib_text
+from store.connection import connect
+from store.hicache.keys import PageKeys
+from store.hicache.pages import PageStore
 
 WARM_TOKENS = 128
 EWMA = 0.2  # weight of the newest observation
@@ -42,17 +46,24 @@ class EnginePool:
 
     @classmethod
     async def load(cls, settings: Mapping[str, EngineSettings], zoo: Zoo) -> EnginePool:
-        pooled = {}
+        pooled: dict[str, PooledEngine] = {}
         for name, s in settings.items():
-            engine = await asyncio.to_thread(
-                LocalEngine.from_zoo, s.model, zoo=zoo, device=s.device, capacity=s.queue_capacity
-            )
+            engine: Engine
+            if s.kind == "sglang":
+                engine = await connect_sglang(name, s)
+            else:
+                engine = await asyncio.to_thread(
+                    LocalEngine.from_zoo, s.model, zoo=zoo, device=s.device, capacity=s.queue_capacity
+                )
             pooled[name] = PooledEngine(name, engine, s)
         return cls(pooled)
 
     async def warm(self) -> None:
-        """One short prefill per engine: the first forward pays one-time costs, and it seeds the rate."""
+        """One short prefill per engine: the first forward pays one-time costs, and it seeds the rate.
+        An SGLang server warms itself; the rate then follows its first native prefills."""
         for p in self._engines.values():
+            if isinstance(p.engine, SGLangEngine):
+                continue
             ids = list(p.engine.encode(stdlib_text(2000)).ids)[:WARM_TOKENS]
             await p.engine.prefill(ids)
             _, timings = await p.engine.prefill(ids)
@@ -77,3 +88,17 @@ class EnginePool:
     async def aclose(self) -> None:
         for p in self._engines.values():
             await p.engine.aclose()
+
+
+async def connect_sglang(name: str, s: EngineSettings) -> SGLangEngine:
+    """An SGLang engine from its settings; with ``hicache_redis_url``, bound to its page store."""
+    assert s.url is not None and s.model_dir is not None  # EngineSettings validates it
+    pages = None
+    if s.hicache_redis_url:
+        info = await SGLangEngine.probe(s.url)
+        keys = PageKeys("hf", s.hicache_namespace or name, 0, info.tp_size)
+        pages = PageStore(connect(s.hicache_redis_url, 1.0, 5.0), keys)
+    return await SGLangEngine.connect(
+        s.url, name=name, model_dir=s.model_dir, template=s.template, pages=pages, fingerprint=s.fingerprint,
+        capacity=s.queue_capacity, export_wait_s=s.export_wait_s,
+    )  # fmt: skip

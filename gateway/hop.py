@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
+from prometheus_client import Counter
 
-from engines.base import Engine
+from engines.base import Engine, Timings
 from engines.errors import EngineBusy, EngineError
 from engines.transfer import transfer
 from gateway.adapters import AdapterResolver, VersionRef
@@ -117,6 +119,49 @@ class Fallbacks:
         return reason
 
 
+class StorageMiss(Exception):
+    """An engine that imports KV through HiCache storage (SGLang) loaded none of it and prefilled."""
+
+
+_IMPORT_COUNTERS: weakref.WeakKeyDictionary[Metrics, tuple[Counter, Counter]] = weakref.WeakKeyDictionary()
+
+
+class StorageImports:
+    """Confirms a KV import through HiCache storage after the engine answered: SGLang reports in
+    ``meta_info.cached_tokens_details.storage`` (``Timings.storage_tokens``) how many prompt tokens
+    it loaded from there. A hit counts ``heterofold_storage_hits_total`` and its tokens and emits
+    ``kv.hit`` with tier ``hicache``; a miss (nothing loaded, nothing cached either) is a fallback at stage
+    ``import``: the engine prefilled natively, and the turn is accounted as native."""
+
+    def __init__(self, fallbacks: Fallbacks) -> None:
+        self.fallbacks = fallbacks
+        m = fallbacks.metrics
+        if m not in _IMPORT_COUNTERS:  # one set per metrics registry
+            _IMPORT_COUNTERS[m] = (
+                Counter("heterofold_storage_hits_total", "KV imports SGLang loaded from HiCache storage", ["engine"],
+                        registry=m.registry),
+                Counter("heterofold_storage_hit_tokens_total", "Prompt tokens SGLang loaded from HiCache storage",
+                        ["engine"], registry=m.registry),
+            )  # fmt: skip
+        self.hits, self.hit_tokens = _IMPORT_COUNTERS[m]
+
+    def confirm(self, hop: Hop, plan: HopPlan, timings: Timings) -> HopPlan:
+        if plan.past is None or timings.storage_tokens is None:
+            return plan  # nothing imported, or an engine that imports directly
+        if timings.storage_tokens > 0:
+            self.hits.labels(hop.engine_name).inc()
+            self.hit_tokens.labels(hop.engine_name).inc(timings.storage_tokens)
+            fields = {"tier": "hicache", "engine": hop.engine_name, "role": hop.role, "tokens": timings.storage_tokens,
+                      "path": plan.path}  # fmt: skip
+            emit = asyncio.to_thread(self.fallbacks.store.events.emit_quietly, "kv.hit", time.time(), **fields)
+            self.fallbacks.background.spawn(emit, "event:kv.hit")
+            return plan
+        if timings.cached_tokens > 0:
+            return plan  # served from the engine's own cache (an earlier import of the same pages)
+        miss = StorageMiss(f"{hop.engine_name} loaded none of the {plan.cached_tokens} imported tokens")
+        return HopPlan("native", fallback=self.fallbacks.record("import", miss, hop.role), inputs=plan.inputs)
+
+
 class HopPlanner:
     def __init__(
         self, *, store: KVStore, conversations: Conversations, resolver: AdapterResolver, fallbacks: Fallbacks,
@@ -128,6 +173,11 @@ class HopPlanner:
         self.fallbacks = fallbacks
         self.names = names  # fingerprint -> engine name, for route labels
         self._identity: dict[str, Adapter] = {}
+        self.imports = StorageImports(fallbacks)
+
+    def confirm(self, hop: Hop, plan: HopPlan, timings: Timings) -> HopPlan:
+        """The plan as the engine carried it out (an SGLang storage miss turns it native)."""
+        return self.imports.confirm(hop, plan, timings)
 
     async def plan(self, hop: Hop) -> HopPlan:
         best = HopPlan("native")

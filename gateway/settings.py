@@ -30,14 +30,30 @@ class _Section(BaseModel):
 
 
 class EngineSettings(_Section):
-    """One inference engine. ``local`` runs a zoo model in this process (SGLang URLs come later)."""
+    """One inference engine. ``local`` runs a zoo model in this process; ``sglang`` is a running
+    SGLang server at ``url`` (engines/sglang.py), whose tokenizer and config are read from
+    ``model_dir``, and whose HiCache pages live in ``hicache_redis_url`` under ``hicache_namespace``
+    (the same values as in the server's ``--hicache-storage-backend-extra-config``)."""
 
-    kind: Literal["local"] = "local"
-    model: str  # a zoo model name
+    kind: Literal["local", "sglang"] = "local"
+    model: str  # a zoo model name (local), or the served model's display name (sglang)
+    url: str | None = None  # sglang: the server's base URL
+    model_dir: Path | None = None  # sglang: a local folder with the served model's tokenizer and config.json
+    template: Literal["chatml", "plain"] = "chatml"  # sglang: how prompts are rendered
+    fingerprint: str | None = None  # sglang: the model's identity (default: from its config and path)
+    hicache_redis_url: str | None = None  # sglang: the page store; None: no KV import or export
+    hicache_namespace: str | None = None  # sglang: default the engine's name
+    export_wait_s: float = Field(default=2.0, ge=0.0)  # sglang: how long an export waits for write-through
     device: str | None = None  # None: CUDA when present, else CPU
     queue_capacity: int = Field(default=8, ge=1)  # running plus waiting requests; beyond it: 429
     max_prompt_tokens: int = Field(default=8192, ge=1)
     max_tokens: int = Field(default=1024, ge=1)  # the most a request may ask to generate
+
+    @model_validator(mode="after")
+    def _sglang_has_server(self) -> EngineSettings:
+        if self.kind == "sglang" and (self.url is None or self.model_dir is None):
+            raise ValueError(f"engine {self.model!r}: an sglang engine needs url and model_dir")
+        return self
 
 
 class GenerationDefaults(_Section):
