@@ -17,6 +17,7 @@ from gateway.engine_pool import EnginePool, PooledEngine
 from gateway.errors import InvalidRequest, UnknownRole
 from gateway.hop import Fallbacks, Hop, HopPlan, HopPlanner
 from gateway.metrics import Metrics
+from gateway.request_log import RequestLog, RequestRecord
 from gateway.schemas import ChatRequest, HeteroFoldUsage, PromptTokensDetails, Usage
 from gateway.settings import Settings, TransferPolicy
 from gateway.shadow import ShadowEvaluator
@@ -48,7 +49,7 @@ class ChatService:
     def __init__(
         self, *, settings: Settings, pool: EnginePool, planner: HopPlanner, recorder: TurnRecorder,
         shadow: ShadowEvaluator, resolver: AdapterResolver, fallbacks: Fallbacks, store: KVStore, metrics: Metrics,
-        background: Background,
+        background: Background, journal: RequestLog | None = None,
     ) -> None:  # fmt: skip
         self.settings = settings
         self.pool = pool
@@ -60,6 +61,7 @@ class ChatService:
         self.store = store
         self.metrics = metrics
         self.background = background
+        self.journal = journal  # the request log the dashboard reads
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}  # a conversation's unfinished after-turn
 
     def prepare(self, *, role: str, request: ChatRequest, tenant: str, conversation_id: str | None) -> Prepared:
@@ -160,6 +162,13 @@ class ChatService:
         if plan.path == "transfer" and plan.route:
             m.transfer.labels(plan.route).observe(plan.transfer_ms / 1000)
             m.transferred_tokens.labels(plan.route).inc(plan.tokens_transferred)
+        if self.journal is not None:
+            record = RequestRecord(
+                hop.role, plan.inputs.sender.engine if plan.inputs else None, hop.engine_name, plan.path,
+                t.prompt_tokens, cached, plan.tokens_transferred, ttft_ms, plan.transfer_ms, saved_ms,
+                plan.adapter_version,
+            )  # fmt: skip
+            self.background.spawn(self.journal.record(record), "request-log")
         task = self.background.spawn(self._after(prepared, plan, done, saved_ms), f"after-turn:{hop.role}")
         if hop.conversation_id is not None:
             key = (hop.tenant, hop.conversation_id)

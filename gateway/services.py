@@ -24,6 +24,7 @@ from gateway.metrics import Metrics
 from gateway.registry import adapters as repo
 from gateway.registry import db as registry_db
 from gateway.registry.db import Database
+from gateway.request_log import RequestLog
 from gateway.settings import Settings
 from gateway.shadow import ShadowEvaluator
 from gateway.turns import TurnRecorder
@@ -45,6 +46,7 @@ class Services:
     chat: ChatService
     jobs: FitJobs
     background: Background
+    requests: RequestLog
     event_tail: asyncio.Task[None] | None = None
 
     async def aclose(self) -> None:
@@ -84,13 +86,14 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
     planner = HopPlanner(store=store, conversations=conversations, resolver=resolver, fallbacks=fallbacks,
                          names=name_of)  # fmt: skip
     shadow = ShadowEvaluator(settings=settings.shadow, db=db, resolver=resolver, store=store, metrics=metrics)
+    requests = RequestLog(db, keep=settings.dashboard.requests_kept)
     recorder = TurnRecorder(store=store, conversations=conversations, metrics=metrics)
     chat = ChatService(
         settings=settings, pool=pool, planner=planner, recorder=recorder, shadow=shadow, resolver=resolver,
-        fallbacks=fallbacks, store=store, metrics=metrics, background=background,
+        fallbacks=fallbacks, store=store, metrics=metrics, background=background, journal=requests,
     )  # fmt: skip
     jobs = FitJobs(db=db, pool=pool, resolver=resolver, adapters_dir=settings.adapters_dir, background=background)
-    services = Services(settings, keys, metrics, store, db, pool, resolver, chat, jobs, background)
+    services = Services(settings, keys, metrics, store, db, pool, resolver, chat, jobs, background, requests)
     services.event_tail = asyncio.get_running_loop().create_task(tail_events(store, metrics), name="event-tail")
     if settings.bootstrap.fit_missing:  # on the loop: the jobs are tasks of it (a few quick SQL reads)
         b = settings.bootstrap

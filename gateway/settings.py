@@ -128,6 +128,20 @@ class BootstrapSettings(_Section):
     max_tokens: int = Field(default=512, ge=64)
 
 
+class DashboardSettings(_Section):
+    """The web dashboard under ``/dashboard`` (``dashboard/``)."""
+
+    enabled: bool = True
+    sample_interval_s: float = Field(default=5.0, gt=0.0)  # tier memory is sampled this often
+    history: int = Field(default=720, ge=2)  # tier samples kept (an hour at 5 s)
+    requests: int = Field(default=5000, ge=1)  # the newest requests the per-route view is computed over
+    requests_kept: int = Field(default=50_000, ge=1)  # rows the request log keeps
+    alert_window_s: float = Field(default=900.0, gt=0.0)  # an OOM or drift alert stays active this long
+    poll_s: float = Field(default=0.5, gt=0.0)  # how often a live feed reads the event stream
+    stream_s: float = Field(default=30.0, gt=0.0)  # a live feed's connection ends then; the browser reconnects
+    session_ttl_s: int = Field(default=12 * 3600, ge=60)  # an admin sign-in lasts this long
+
+
 def _default_engines() -> dict[str, EngineSettings]:
     names = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma3-270m")
     return {n: EngineSettings(model=n) for n in names}
@@ -170,6 +184,7 @@ class Settings(BaseSettings):
     store: StoreSettings = StoreSettings()
     shadow: ShadowSettings = ShadowSettings()
     bootstrap: BootstrapSettings = BootstrapSettings()
+    dashboard: DashboardSettings = DashboardSettings()
 
     @classmethod
     def settings_customise_sources(

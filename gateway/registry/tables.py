@@ -103,3 +103,23 @@ class ShadowSampleRow(Base):
     first_token_kl: Mapped[float] = mapped_column(Float)
     top1_agreement: Mapped[float] = mapped_column(Float)
     at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RequestRow(Base):
+    """One answered chat request: the route it took and what it cost (the dashboard's per-route view)."""
+
+    __tablename__ = "request_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    role: Mapped[str] = mapped_column(String(200))
+    sender: Mapped[str | None] = mapped_column(String(200), default=None)  # engine of the turn before, if known
+    receiver: Mapped[str] = mapped_column(String(200))  # the role's engine
+    path: Mapped[str] = mapped_column(String(20))  # native, prefix, transfer
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    cached_tokens: Mapped[int] = mapped_column(Integer)
+    transferred_tokens: Mapped[int] = mapped_column(Integer)
+    ttft_ms: Mapped[float] = mapped_column(Float)
+    transfer_ms: Mapped[float] = mapped_column(Float)
+    prefill_ms_saved: Mapped[float] = mapped_column(Float)
+    adapter_version: Mapped[str | None] = mapped_column(String(200), default=None)

@@ -14,26 +14,20 @@ GET  /admin/fits/{job_id}               its progress
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from sqlalchemy.orm import Session
 
-from gateway.artifacts import take_upload
 from gateway.deps import AdminDep, DbDep, JobsDep, PoolDep, ResolverDep, SettingsDep, StoreDep
-from gateway.errors import Conflict
+from gateway.engine_pool import EnginePool
+from gateway.lifecycle import ACTIONS, change_status, in_session, is_stale, register_upload
 from gateway.registry import adapters as repo
-from gateway.registry.db import Database
 from gateway.registry.tables import AdapterRow
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
-T = TypeVar("T")
-UPLOAD_LIMIT = 1 << 30
 
 
 class AdapterOut(BaseModel):
@@ -63,27 +57,19 @@ class FitIn(BaseModel):
     version: str | None = Field(None, min_length=1, max_length=200)
 
 
-def _out(row: AdapterRow, current: set[str]) -> AdapterOut:
+def _out(row: AdapterRow, pool: EnginePool) -> AdapterOut:
     return AdapterOut(
         id=row.id, sender=row.sender_name, receiver=row.receiver_name, sender_fingerprint=row.sender_fingerprint,
         receiver_fingerprint=row.receiver_fingerprint, version=row.version, method=row.method, status=row.status,
-        stale=not {row.sender_fingerprint, row.receiver_fingerprint} <= current, artifact_path=row.artifact_path,
-        sha256=row.sha256, metrics=row.metrics, created_at=row.created_at.isoformat(),
+        stale=is_stale(row, pool), artifact_path=row.artifact_path, sha256=row.sha256, metrics=row.metrics,
+        created_at=row.created_at.isoformat(),
         updated_at=row.updated_at.isoformat(), promoted_at=row.promoted_at.isoformat() if row.promoted_at else None,
     )  # fmt: skip
 
 
-async def _in_session(db: Database, fn: Callable[[Session], T]) -> T:
-    def work() -> T:
-        with db.session() as session:
-            return fn(session)
-
-    return await asyncio.to_thread(work)
-
-
 @router.get("/models")
 async def models(db: DbDep, pool: PoolDep) -> list[dict[str, Any]]:
-    rows = await _in_session(db, lambda s: repo.list_models(session=s))
+    rows = await in_session(db, lambda s: repo.list_models(session=s))
     current = pool.fingerprints
     return [{"name": r.name, "family": r.family, "fingerprint": r.fingerprint, "current": r.fingerprint in current}
             for r in rows]  # fmt: skip
@@ -91,8 +77,8 @@ async def models(db: DbDep, pool: PoolDep) -> list[dict[str, Any]]:
 
 @router.get("/adapters")
 async def list_adapters(db: DbDep, pool: PoolDep) -> list[AdapterOut]:
-    rows = await _in_session(db, lambda s: repo.list_adapters(session=s))
-    return [_out(r, pool.fingerprints) for r in rows]
+    rows = await in_session(db, lambda s: repo.list_adapters(session=s))
+    return [_out(r, pool) for r in rows]
 
 
 @router.post("/adapters", status_code=201)
@@ -100,43 +86,27 @@ async def upload(
     db: DbDep, pool: PoolDep, settings: SettingsDep, manifest: Annotated[UploadFile, File()],
     weights: Annotated[UploadFile, File()], version: Annotated[str | None, Form(max_length=200)] = None,
 ) -> AdapterOut:  # fmt: skip
-    adapter, folder, sha = await asyncio.to_thread(
-        take_upload, settings.adapters_dir, manifest.file, weights.file, UPLOAD_LIMIT
-    )
-    m = adapter.manifest
-    row = await _in_session(db, lambda s: repo.create_adapter(
-        session=s, sender_name=m.sender.name, receiver_name=m.receiver.name, sender_fingerprint=m.sender.fingerprint,
-        receiver_fingerprint=m.receiver.fingerprint, version=version or m.version, method=m.method,
-        artifact_path=str(folder), sha256=sha, metrics=m.metrics, actor="admin",
-    ))  # fmt: skip
-    return _out(row, pool.fingerprints)
+    row = await register_upload(db=db, adapters_dir=settings.adapters_dir, manifest=manifest.file,
+                                weights=weights.file, version=version, actor="admin")  # fmt: skip
+    return _out(row, pool)
 
 
-def _change(
-    action: Callable[..., AdapterRow],
-) -> Callable[[int, DbDep, PoolDep, ResolverDep, StoreDep], Any]:
+def _change(action: str) -> Callable[[int, DbDep, PoolDep, ResolverDep, StoreDep], Any]:
     async def handler(adapter_id: int, db: DbDep, pool: PoolDep, resolver: ResolverDep, store: StoreDep) -> AdapterOut:
-        before = await _in_session(db, lambda s: repo.get_adapter(session=s, adapter_id=adapter_id))
-        if action is repo.promote and not {before.sender_fingerprint, before.receiver_fingerprint} <= pool.fingerprints:
-            raise Conflict(f"adapter {adapter_id} is stale: fitted for models the engines no longer run")
-        row = await _in_session(db, lambda s: action(session=s, adapter_id=adapter_id, actor="admin"))
-        resolver.invalidate()
-        fields = {"adapter": row.id, "version": row.version, "from": before.status, "to": row.status, "actor": "admin"}
-        await asyncio.to_thread(store.events.emit_quietly, "adapter.status", time.time(), **fields)
-        return _out(row, pool.fingerprints)
+        row = await change_status(action=action, adapter_id=adapter_id, actor="admin", db=db, pool=pool,
+                                  resolver=resolver, store=store)  # fmt: skip
+        return _out(row, pool)
 
     return handler
 
 
-router.add_api_route("/adapters/{adapter_id}/shadow", _change(repo.set_shadow), methods=["POST"])
-router.add_api_route("/adapters/{adapter_id}/promote", _change(repo.promote), methods=["POST"])
-router.add_api_route("/adapters/{adapter_id}/rollback", _change(repo.rollback), methods=["POST"])
-router.add_api_route("/adapters/{adapter_id}/retire", _change(repo.retire), methods=["POST"])
+for _action in ACTIONS:
+    router.add_api_route(f"/adapters/{{adapter_id}}/{_action}", _change(_action), methods=["POST"])
 
 
 @router.get("/audit")
 async def audit(db: DbDep, adapter_id: int | None = None) -> list[dict[str, Any]]:
-    rows = await _in_session(db, lambda s: repo.audit_log(session=s, adapter_id=adapter_id))
+    rows = await in_session(db, lambda s: repo.audit_log(session=s, adapter_id=adapter_id))
     return [
         {"id": r.id, "adapter_id": r.adapter_id, "action": r.action, "from": r.from_status, "to": r.to_status,
          "actor": r.actor, "detail": r.detail, "at": r.at.isoformat()}

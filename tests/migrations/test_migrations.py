@@ -6,7 +6,7 @@ from sqlalchemy import create_engine, inspect
 
 from gateway.registry import db
 
-TABLES = {"models", "adapter_versions", "audit_log", "fit_jobs", "shadow_samples"}
+TABLES = {"models", "adapter_versions", "audit_log", "fit_jobs", "shadow_samples", "request_log"}
 
 
 def tables(url: str) -> set[str]:
