@@ -7,6 +7,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from dashboard import mount as dashboard
+from dashboard.state import Dashboard
 from gateway.engine_pool import EnginePool
 from gateway.errors import install_error_handlers
 from gateway.middleware import BodyLimit, RequestId
@@ -22,9 +24,12 @@ def create_app(settings: Settings, *, pool: EnginePool | None = None, own_pool: 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services: Services = await build_services(settings, pool=pool)
         app.state.services = services
+        app.state.dashboard = Dashboard.start(services) if settings.dashboard.enabled else None
         try:
             yield
         finally:
+            if app.state.dashboard is not None:
+                await app.state.dashboard.aclose()
             if not own_pool and pool is not None:
                 services.pool = EnginePool({})  # leave the shared engines running
             await services.aclose()
@@ -33,6 +38,8 @@ def create_app(settings: Settings, *, pool: EnginePool | None = None, own_pool: 
     install_error_handlers(app)
     for router in (chat.router, models.router, admin.router, health.router):
         app.include_router(router)
+    if settings.dashboard.enabled:
+        dashboard.install(app)
     app.add_middleware(BodyLimit, limit=settings.limits.max_body_bytes)
     app.add_middleware(RequestId)
     return app

@@ -1,0 +1,94 @@
+"""The adapters page's data: versions grouped by ordered pair, with their fidelity metrics from
+fitting, shadow drift (the mean over the shadow window and the samples over time), and the actions
+each status allows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from markupsafe import Markup
+from sqlalchemy.orm import Session
+
+from dashboard.charts import Series, line_chart
+from gateway.engine_pool import EnginePool
+from gateway.lifecycle import is_stale
+from gateway.registry import adapters as repo
+from gateway.registry.drift import shadow_history
+from gateway.registry.tables import AdapterRow, AuditRow
+
+SAMPLES_PER_VERSION = 200
+ALLOWED = {
+    "candidate": ("shadow", "promote", "retire"),
+    "shadow": ("promote", "retire"),
+    "active": ("rollback", "retire"),
+    "retired": (),
+}
+
+
+@dataclass(frozen=True)
+class VersionView:
+    row: AdapterRow
+    stale: bool
+    fidelity: dict[str, str]  # scalar metrics from fitting, formatted
+    samples: int
+    mean_kl: float | None
+    mean_top1: float | None
+    actions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PairView:
+    key: str  # an HTML id
+    sender: str
+    receiver: str
+    versions: list[VersionView]
+    drift_chart: Markup
+
+
+def fidelity(metrics: dict[str, Any]) -> dict[str, str]:
+    """The scalar entries of a version's metrics (per-layer lists are left to the API)."""
+    out = {}
+    for name, value in sorted(metrics.items()):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        out[name] = f"{value:.4g}"
+    return out
+
+
+def actions_for(row: AdapterRow, stale: bool) -> tuple[str, ...]:
+    allowed = ALLOWED.get(row.status, ())
+    return tuple(a for a in allowed if not (stale and a == "promote"))
+
+
+def pair_views(*, session: Session, pool: EnginePool, window: int, threshold: float) -> list[PairView]:
+    rows = repo.list_adapters(session=session)
+    history = shadow_history(session=session, adapter_ids=[r.id for r in rows], per_version=SAMPLES_PER_VERSION)
+    by_version: dict[int, list[tuple[float, float]]] = {}
+    for s in history:
+        by_version.setdefault(s.adapter_id, []).append((s.at.timestamp(), s.first_token_kl))
+    pairs: dict[tuple[str, str], list[AdapterRow]] = {}
+    for r in rows:
+        pairs.setdefault((r.sender_fingerprint, r.receiver_fingerprint), []).append(r)
+    out = []
+    for i, members in enumerate(pairs.values()):
+        versions = []
+        for r in members:
+            n, kl, top1 = repo.drift(session=session, adapter_id=r.id, window=window)
+            stale = is_stale(r, pool)
+            versions.append(VersionView(r, stale, fidelity(r.metrics), n, kl if n else None, top1 if n else None,
+                                        actions_for(r, stale)))  # fmt: skip
+        series = [Series(f"{r.version} (id {r.id})", by_version.get(r.id, [])) for r in members]
+        first = members[0]
+        chart = line_chart(
+            series, title=f"first-token KL vs native, {first.sender_name} -> {first.receiver_name}",
+            fmt=lambda v: f"{v:.3g}", threshold=threshold, threshold_label="drift threshold",
+            empty="no shadow samples yet",
+        )  # fmt: skip
+        out.append(PairView(f"pair-{i}", first.sender_name, first.receiver_name, versions, chart))
+    return out
+
+
+def audit_rows(*, session: Session, limit: int) -> Sequence[AuditRow]:
+    return repo.audit_log(session=session, limit=limit)

@@ -1,0 +1,92 @@
+"""Per-route statistics for the overview, from the request log.
+
+A route is (role, sender engine, receiver engine): the sender is the engine of the conversation's
+previous turn when the hop planner read it, else none (a first hop, or a request without reuse).
+The speedup is median native TTFT over median transfer TTFT. Where a route has no native request
+of its own, the native median is the role's, over all its routes (``native_scope == "role"``):
+same receiver engine, but other prompts, so it is an estimate and the page says so.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from statistics import median
+from typing import Literal
+
+from gateway.request_log import RequestRecord
+
+PATHS = ("native", "prefix", "transfer")
+
+
+@dataclass(frozen=True)
+class RouteStats:
+    role: str
+    sender: str | None
+    receiver: str
+    requests: int
+    paths: dict[str, int]  # path -> requests, every path in PATHS present
+    ttft_native_ms: float | None
+    ttft_transfer_ms: float | None
+    native_scope: Literal["route", "role"] | None  # where the native median came from
+    tokens_saved: int  # prompt tokens not prefilled (cached: prefix reuse or transfer)
+    seconds_saved: float  # estimated prefill time saved, net of transfer time (may be negative)
+
+    @property
+    def label(self) -> str:
+        return f"{self.role}: {self.sender or '-'} -> {self.receiver}"
+
+    @property
+    def speedup(self) -> float | None:
+        if self.ttft_native_ms is None or not self.ttft_transfer_ms:
+            return None
+        return self.ttft_native_ms / self.ttft_transfer_ms
+
+
+@dataclass(frozen=True)
+class Totals:
+    requests: int
+    transfers: int
+    tokens_saved: int
+    seconds_saved: float
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(median(values)) if values else None
+
+
+def route_stats(records: Iterable[RequestRecord]) -> list[RouteStats]:
+    """One row per route, ordered by role, then sender, then receiver."""
+    by_route: dict[tuple[str, str | None, str], list[RequestRecord]] = defaultdict(list)
+    native_by_role: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        by_route[(r.role, r.sender, r.receiver)].append(r)
+        if r.path == "native":
+            native_by_role[r.role].append(r.ttft_ms)
+    out = []
+    for (role, sender, receiver), rows in sorted(by_route.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2])):
+        counts = Counter(r.path for r in rows)
+        own_native = [r.ttft_ms for r in rows if r.path == "native"]
+        scope: Literal["route", "role"] | None = "route" if own_native else None
+        native = _median(own_native)
+        if native is None and native_by_role[role]:
+            native, scope = _median(native_by_role[role]), "role"
+        stats = RouteStats(
+            role=role, sender=sender, receiver=receiver, requests=len(rows),
+            paths={p: counts.get(p, 0) for p in PATHS}, ttft_native_ms=native,
+            ttft_transfer_ms=_median([r.ttft_ms for r in rows if r.path == "transfer"]),
+            native_scope=scope, tokens_saved=sum(r.cached_tokens for r in rows),
+            seconds_saved=sum(r.prefill_ms_saved for r in rows) / 1000,
+        )  # fmt: skip
+        out.append(stats)
+    return out
+
+
+def totals(routes: Sequence[RouteStats]) -> Totals:
+    return Totals(
+        requests=sum(r.requests for r in routes),
+        transfers=sum(r.paths["transfer"] for r in routes),
+        tokens_saved=sum(r.tokens_saved for r in routes),
+        seconds_saved=sum(r.seconds_saved for r in routes),
+    )
