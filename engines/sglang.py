@@ -227,7 +227,7 @@ class SGLangEngine(Engine):
         except StoreError as exc:  # the hop falls back to native prefill
             raise KVMismatch(f"KV import into HiCache storage failed: {exc}") from exc
 
-    async def _export(self, tokens: Sequence[int]) -> KVCache | None:
+    async def export(self, tokens: Sequence[int]) -> KVCache | None:
         """The value for the longest prefix of ``tokens`` SGLang has backed up, waiting up to
         ``export_wait_s`` for its write-through; None without a page store or a page."""
         if self.pages is None:
@@ -318,7 +318,7 @@ class SGLangEngine(Engine):
                 timings.storage_tokens = int(details.get("storage") or 0)
             kv = None
             if export != "none":
-                kv = await self._export(ids + out if export == "turn" else ids)
+                kv = await self.export(ids + out if export == "turn" else ids)
             yield Completion(detok.text, tuple(out), _finish_reason(meta, detok.stopped), timings, kv)
         finally:
             self._running -= 1
@@ -376,9 +376,13 @@ async def _get_json(client: httpx.AsyncClient, path: str) -> Mapping[str, Any]:
 
 
 def _load_text_side(model_dir: Path) -> tuple[Any, Any]:
-    """The fast tokenizer and the config of the served model, from local files only."""
+    """The fast tokenizer and the config of the served model, from local files only: a model folder,
+    or a hub cache folder whose ``refs/main`` names the snapshot (what the engines downloaded)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    ref = model_dir / "refs" / "main"  # a hub cache folder (models--org--name): its current snapshot
+    if ref.is_file():
+        model_dir = model_dir / "snapshots" / ref.read_text().strip()
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     return tokenizer, config
