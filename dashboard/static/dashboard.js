@@ -1,32 +1,52 @@
-// Every page: local times, and one EventSource on the live feed. OOM alerts show the banner;
-// every event is re-dispatched as "hf-event" for the page's own script (live.js).
+// Every page: local times, and one EventSource on the event stream. An OOM alert shows the
+// banner; on the live page (#feed) every event is prepended to the feed. One script, so that no
+// event or state change can arrive before its listener exists.
 (function () {
   "use strict";
+  var MAX_ITEMS = 500;
   function localTimes(root) {
     root.querySelectorAll("time[data-ts]").forEach(function (el) {
       var ts = parseFloat(el.dataset.ts);
       if (ts > 0) { el.textContent = new Date(ts * 1000).toLocaleTimeString(); }
     });
   }
-  window.hfLocalTimes = localTimes;
   localTimes(document);
 
   var banner = document.getElementById("oom-banner");
   var dismiss = document.getElementById("oom-dismiss");
   if (dismiss) { dismiss.addEventListener("click", function () { banner.hidden = true; }); }
+  var feed = document.getElementById("feed");
+  var state = document.getElementById("feed-state");
+
+  function prepend(item) {
+    var empty = document.getElementById("feed-empty");
+    if (empty) { empty.remove(); }
+    var li = document.createElement("li");
+    li.className = item.severity + " fresh";
+    li.dataset.kind = item.kind;
+    li.dataset.id = item.id;
+    var time = document.createElement("time");
+    time.dataset.ts = item.ts;
+    var title = document.createElement("strong");
+    title.textContent = item.title;
+    li.append(time, " ", title, " ", item.text);
+    feed.prepend(li);
+    localTimes(li);
+    while (feed.children.length > MAX_ITEMS) { feed.lastElementChild.remove(); }
+  }
 
   if (!window.EventSource) { return; }
   var after = document.body.dataset.lastEvent || "";
   var source = new EventSource("/dashboard/events" + (after ? "?after=" + encodeURIComponent(after) : ""));
-  source.addEventListener("open", function () { document.dispatchEvent(new CustomEvent("hf-state", { detail: "live" })); });
-  source.addEventListener("error", function () { document.dispatchEvent(new CustomEvent("hf-state", { detail: "reconnecting" })); });
+  source.addEventListener("open", function () { if (state) { state.textContent = "live"; } });
+  source.addEventListener("error", function () { if (state) { state.textContent = "reconnecting…"; } });
   source.addEventListener("hf", function (message) {
     var item = JSON.parse(message.data);
     if (item.kind === "oom.alert" && banner) {
       document.getElementById("oom-banner-text").textContent = item.text;
       banner.hidden = false;
     }
-    document.dispatchEvent(new CustomEvent("hf-event", { detail: item }));
+    if (feed) { prepend(item); }
   });
   window.addEventListener("beforeunload", function () { source.close(); });
 })();
