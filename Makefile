@@ -7,12 +7,12 @@ BIN := $(VENV)/bin
 # The venv is rebuilt when pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: run test setup models lint typecheck pytest clean
+.PHONY: run test setup models browser lint typecheck pytest clean
 
 run: models
 	$(BIN)/heterofold run
 
-test: models lint typecheck pytest
+test: models browser lint typecheck pytest
 
 setup: $(STAMP)
 
@@ -28,6 +28,13 @@ $(STAMP): pyproject.toml
 models: setup
 	$(BIN)/heterofold models pull all
 
+# The dashboard's browser tests drive Debian's chromium through Playwright (never `playwright install`).
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	fi
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -36,7 +43,7 @@ typecheck: setup
 	$(BIN)/mypy
 
 # pytest exits 5 when it collects no tests: that is a failure here, never a pass.
-pytest: setup
+pytest: setup browser
 	$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
