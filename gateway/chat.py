@@ -10,11 +10,11 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from engines.base import Completion, Export, SamplingParams, StreamEvent
-from engines.errors import KVMismatch, PromptTooLong
+from engines.errors import BadPrompt, EngineBusy, KVMismatch, PromptTooLong
 from gateway.adapters import AdapterResolver
 from gateway.background import Background
 from gateway.engine_pool import EnginePool, PooledEngine
-from gateway.errors import InvalidRequest, UnknownRole
+from gateway.errors import EngineFailed, EngineTimeout, GatewayError, InvalidRequest, UnknownRole
 from gateway.hop import Fallbacks, Hop, HopPlan, HopPlanner
 from gateway.metrics import Metrics
 from gateway.request_log import RequestLog, RequestRecord
@@ -110,22 +110,51 @@ class ChatService:
         events = engine.stream(hop.ids, prepared.params, past=plan.past, export=prepared.export)
         try:
             try:
-                first = await anext(events)
+                first = await self._next(prepared, events)
             except KVMismatch as exc:
                 if plan.past is None:
                     raise
                 plan = HopPlan("native", fallback=self.fallbacks.record("engine", exc, hop.role))
                 await _close(events)
                 events = engine.stream(hop.ids, prepared.params, export=prepared.export)
-                first = await anext(events)
+                first = await self._next(prepared, events)
             event: StreamEvent = first
             while not isinstance(event, Completion):
                 if event.text:
                     yield event.text
-                event = await anext(events)
+                event = await self._next(prepared, events)
         finally:
             await _close(events)
         yield self._finish(prepared, plan, plan_ms, event)
+
+    async def _next(self, prepared: Prepared, events: AsyncIterator[StreamEvent]) -> StreamEvent:
+        """The engine's next event within its ``timeout_s``. A full queue is counted and stays a
+        429; an engine that raises or goes silent ends the request with a clean 503 or 504, and a
+        metric and an ``engine.failure`` event record it (a timed-out stream is cancelled, which
+        stops the engine's work and frees its queue slot)."""
+        pooled = prepared.pooled
+        try:
+            return await asyncio.wait_for(anext(events), pooled.settings.timeout_s)
+        except EngineBusy:
+            self.metrics.rate_limited.labels(pooled.name).inc()
+            raise
+        except (PromptTooLong, BadPrompt, KVMismatch):
+            raise
+        except TimeoutError as exc:
+            timeout = EngineTimeout(f"engine {pooled.name} sent nothing for {pooled.settings.timeout_s:g} s")
+            raise self._engine_failed(prepared, timeout, "timeout") from exc
+        except Exception as exc:
+            log.warning("engine %s failed for role %s", pooled.name, prepared.hop.role, exc_info=exc)
+            failed = EngineFailed(f"engine {pooled.name} failed while answering ({type(exc).__name__}); retry later")
+            raise self._engine_failed(prepared, failed, type(exc).__name__) from exc
+
+    def _engine_failed(self, prepared: Prepared, error: GatewayError, reason: str) -> GatewayError:
+        role, engine = prepared.hop.role, prepared.pooled.name
+        self.metrics.errors.labels(role, error.code or "").inc()
+        fields = {"engine": engine, "role": role, "reason": reason, "detail": str(error)[:300]}
+        emit = asyncio.to_thread(self.store.events.emit_quietly, "engine.failure", time.time(), **fields)
+        self.background.spawn(emit, "event:engine.failure")
+        return error
 
     def _finish(self, prepared: Prepared, plan: HopPlan, plan_ms: float, done: Completion) -> TurnResult:
         hop, pooled = prepared.hop, prepared.pooled

@@ -8,7 +8,9 @@ GatewayError
 ├── Conflict               a state change the current state does not allow (409)
 ├── InvalidRequest         a request the schema accepts but the limits do not (400)
 │   └── PayloadTooLarge        a body over ``limits.max_body_bytes`` (413)
-└── RegistryError          the SQL registry failed (503)
+├── RegistryError          the SQL registry failed (503)
+├── EngineFailed           the engine raised while answering (503)
+└── EngineTimeout          the engine sent nothing for ``engines.<name>.timeout_s`` (504)
 
 Errors of the lower layers map too: ``EngineBusy`` to 429 with Retry-After, ``PromptTooLong`` and
 ``BadPrompt`` to 400, ``StoreError`` to 503 (only where no native fallback exists), anything else to
@@ -75,6 +77,14 @@ class PayloadTooLarge(InvalidRequest):
 
 class RegistryError(GatewayError):
     status, type, code = 503, "server_error", "registry_unavailable"
+
+
+class EngineFailed(GatewayError):
+    status, type, code = 503, "server_error", "engine_failed"
+
+
+class EngineTimeout(GatewayError):
+    status, type, code = 504, "server_error", "engine_timeout"
 
 
 def error_body(message: str, type_: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:

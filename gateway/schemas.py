@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Path = Literal["native", "prefix", "transfer"]
+# Printable ASCII without spaces: the id is echoed in the ``x-conversation-id`` response header.
+CONVERSATION_ID = r"^[!-~]{1,200}$"
 
 
 class ChatMessage(BaseModel):
@@ -41,7 +43,7 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1)
     user: str | None = None
-    conversation_id: str | None = Field(None, min_length=1, max_length=200)
+    conversation_id: str | None = Field(None, pattern=CONVERSATION_ID)
     kv_reuse: bool = True  # HeteroFold extension: false = plain native prefill, nothing reused or stored
 
     @property

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from engines.zoo import Zoo
 from gateway.adapters import AdapterResolver
@@ -18,6 +21,7 @@ from gateway.background import Background
 from gateway.chat import ChatService
 from gateway.conversations import Conversations
 from gateway.engine_pool import EnginePool
+from gateway.errors import RegistryError
 from gateway.hop import Fallbacks, HopPlanner
 from gateway.jobs import FitJobs
 from gateway.metrics import Metrics
@@ -48,10 +52,12 @@ class Services:
     background: Background
     requests: RequestLog
     event_tail: asyncio.Task[None] | None = None
+    registry_connect: asyncio.Task[None] | None = None  # while the registry was unreachable at start
 
     async def aclose(self) -> None:
-        if self.event_tail is not None:
-            self.event_tail.cancel()
+        for task in (self.event_tail, self.registry_connect):
+            if task is not None:
+                task.cancel()
         self.jobs.stop()
         await self.background.aclose()
         await self.pool.aclose()
@@ -64,14 +70,11 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
     keys = KeyRing([k.get_secret_value() for k in settings.auth.client_keys],
                    settings.auth.admin_key.get_secret_value() if settings.auth.admin_key else None)  # fmt: skip
     metrics = Metrics()
-    if settings.migrate_on_start:
-        await asyncio.to_thread(registry_db.upgrade, settings.registry_url)
     db = Database(settings.registry_url)
     store = await asyncio.to_thread(KVStore, settings.store_config())
     if pool is None:
         pool = await EnginePool.load(settings.engines, Zoo(settings.cache_dir))
         await pool.warm()
-    await asyncio.to_thread(_register_models, db, pool)
     metrics.watch_tiers(lambda: [(u.tier, u.used, u.budget) for u in store.usage()])
     background = Background()
     resolver = AdapterResolver(db)
@@ -94,11 +97,53 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
     )  # fmt: skip
     jobs = FitJobs(db=db, pool=pool, resolver=resolver, adapters_dir=settings.adapters_dir, background=background)
     services = Services(settings, keys, metrics, store, db, pool, resolver, chat, jobs, background, requests)
-    services.event_tail = asyncio.get_running_loop().create_task(tail_events(store, metrics), name="event-tail")
-    if settings.bootstrap.fit_missing:  # on the loop: the jobs are tasks of it (a few quick SQL reads)
-        b = settings.bootstrap
-        jobs.bootstrap(method=b.method, docs=b.docs, max_tokens=b.max_tokens, order=hop_directions(settings))
+    loop = asyncio.get_running_loop()
+    services.event_tail = loop.create_task(tail_events(store, metrics), name="event-tail")
+
+    def registry_ready() -> None:
+        resolver.invalidate()
+        if settings.bootstrap.fit_missing:  # on the loop: the jobs are tasks of it (a few quick SQL reads)
+            b = settings.bootstrap
+            jobs.bootstrap(method=b.method, docs=b.docs, max_tokens=b.max_tokens, order=hop_directions(settings))
+
+    try:
+        await connect_registry(settings, db, pool)
+    except RegistryError as exc:
+        log.warning("registry unreachable at start, serving chat natively and retrying every %g s: %s",
+                    settings.registry_retry_s, exc)  # fmt: skip
+        services.registry_connect = loop.create_task(
+            keep_connecting(settings, db, pool, registry_ready), name="registry-connect"
+        )
+    else:
+        registry_ready()
     return services
+
+
+async def connect_registry(settings: Settings, db: Database, pool: EnginePool) -> None:
+    """Migrations to head (unless ``migrate_on_start`` is off) and the engines' models in the
+    registry. Raises RegistryError when the database cannot be reached or written."""
+    if settings.migrate_on_start:
+        try:
+            await asyncio.to_thread(registry_db.upgrade, settings.registry_url)
+        except (SQLAlchemyError, OSError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise RegistryError(f"registry: migrations failed: {type(exc).__name__}: {first}") from exc
+    await asyncio.to_thread(_register_models, db, pool)
+
+
+async def keep_connecting(settings: Settings, db: Database, pool: EnginePool, ready: Callable[[], None]) -> None:
+    """Until the registry answers: meanwhile chat runs (native and same-model paths; transfers
+    through registry adapters fall back), and the admin API and readiness answer 503."""
+    while True:
+        await asyncio.sleep(settings.registry_retry_s)
+        try:
+            await connect_registry(settings, db, pool)
+        except RegistryError as exc:
+            log.info("registry still unreachable: %s", exc)
+            continue
+        log.warning("registry reachable again: connected")
+        ready()
+        return
 
 
 def hop_directions(settings: Settings) -> list[tuple[str, str]]:
@@ -123,6 +168,7 @@ async def tail_events(store: KVStore, metrics: Metrics, block_ms: int = 250) -> 
     after = "$"
     while True:
         try:
+            await asyncio.to_thread(store.events.flush)  # events kept while Redis was down
             events = await asyncio.to_thread(store.events.read, after, 200, block_ms)
         except StoreError:
             await asyncio.sleep(1.0)

@@ -48,6 +48,9 @@ class EngineSettings(_Section):
     queue_capacity: int = Field(default=8, ge=1)  # running plus waiting requests; beyond it: 429
     max_prompt_tokens: int = Field(default=8192, ge=1)
     max_tokens: int = Field(default=1024, ge=1)  # the most a request may ask to generate
+    # The longest a request waits for the engine's next event (queueing and prefill before the
+    # first token, then each token); beyond it the request ends with 504 and the engine stops it.
+    timeout_s: float = Field(default=120.0, gt=0.0)
 
     @model_validator(mode="after")
     def _sglang_has_server(self) -> EngineSettings:
@@ -175,6 +178,7 @@ class Settings(BaseSettings):
     cache_dir: Path | None = None  # the zoo cache (default ~/.cache/heterofold)
     database_url: str | None = None  # None: sqlite:///<data_dir>/registry.db
     migrate_on_start: bool = True  # run Alembic to head at start (compose runs it as a step instead)
+    registry_retry_s: float = Field(default=5.0, gt=0.0)  # the registry unreachable at start: retried this often
     host: str = "127.0.0.1"
     port: int = 8000
     engines: dict[str, EngineSettings] = Field(default_factory=_default_engines)

@@ -10,6 +10,7 @@ Kinds and their fields (all values are strings; ``ts`` is unix seconds, ``node``
     oom.alert      reason ("no_space", "high_water", "engine_pressure", "tier_unavailable"), tier, detail
 Written by the gateway:
     transfer.fallback  stage ("prefix", "transfer", "engine"), reason (an error class), role, detail
+    engine.failure     engine, role, reason ("timeout" or an error class), detail
     adapter.status     adapter, version, from, to, actor
     adapter.drift      adapter, version, samples, first_token_kl, top1_agreement, threshold
 """
@@ -17,6 +18,8 @@ Written by the gateway:
 from __future__ import annotations
 
 import logging
+import threading
+from collections import deque
 from typing import Any, NamedTuple
 
 import redis
@@ -28,8 +31,9 @@ log = logging.getLogger(__name__)
 
 KINDS = (
     "kv.stored", "kv.hit", "kv.promoted", "kv.demoted", "kv.evicted", "prefill.saved", "oom.alert",
-    "transfer.fallback", "adapter.status", "adapter.drift",
+    "transfer.fallback", "engine.failure", "adapter.status", "adapter.drift",
 )  # fmt: skip
+BACKLOG = 1000  # events kept in memory while Redis is down, written when it answers again
 
 
 class Event(NamedTuple):
@@ -45,6 +49,8 @@ class EventLog:
         self.node = node
         self.maxlen = maxlen
         self.ttl_s = ttl_s
+        self._backlog: deque[dict[str, str]] = deque(maxlen=BACKLOG)  # oldest dropped first when full
+        self._lock = threading.Lock()
 
     def entry(self, kind: str, now: float, **fields: object) -> dict[str, str]:
         """The stream entry for an event, for writers that add it inside their own transaction."""
@@ -53,20 +59,36 @@ class EventLog:
         return {"kind": kind, "ts": repr(now), "node": self.node, **{k: str(v) for k, v in fields.items()}}
 
     def emit(self, kind: str, now: float, **fields: object) -> None:
-        """Append an event. Raises ``StoreUnavailable`` when Redis is down."""
+        """Append an event, after any that ``emit_quietly`` kept while Redis was down. Raises
+        ``StoreUnavailable`` when Redis is down."""
         entry = self.entry(kind, now, **fields)
+        with self._lock:
+            self._write([*self._backlog, entry])
+
+    def flush(self) -> None:
+        """Write the events kept while Redis was down, if any. Raises ``StoreUnavailable``."""
+        with self._lock:
+            if self._backlog:
+                self._write(list(self._backlog))
+
+    def _write(self, entries: list[dict[str, str]]) -> None:
         with redis_errors("event"), self.client.pipeline(transaction=True) as pipe:
-            pipe.xadd(self.key, entry, maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
+            for e in entries:
+                pipe.xadd(self.key, e, maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
             pipe.expire(self.key, self.ttl_s)
             pipe.execute()
+        self._backlog.clear()
 
     def emit_quietly(self, kind: str, now: float, **fields: object) -> None:
-        """Append an event where failing to record it must not fail the operation (an alert raised
-        while Redis is down is logged instead)."""
+        """Append an event where failing to record it must not fail the operation: while Redis is
+        down it is logged and kept in memory (the last ``BACKLOG``), and written with the next
+        event once Redis answers again."""
         try:
             self.emit(kind, now, **fields)
         except StoreUnavailable as exc:
-            log.warning("event %s not recorded (%s): %s", kind, exc, fields)
+            log.warning("event %s kept until Redis answers (%s): %s", kind, exc, fields)
+            with self._lock:
+                self._backlog.append(self.entry(kind, now, **fields))
 
     def read(self, after: str = "0-0", count: int = 100, block_ms: int | None = None) -> list[Event]:
         """Events after stream id ``after``, oldest first; ``block_ms`` waits for new ones."""

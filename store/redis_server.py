@@ -113,6 +113,16 @@ class EmbeddedRedis:
         if proc.stderr:
             proc.stderr.close()
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no shutdown, writes of the last second may be lost."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        proc.kill()
+        proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+
     def __enter__(self) -> EmbeddedRedis:
         return self.start()
 

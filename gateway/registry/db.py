@@ -7,7 +7,7 @@ SQLite by default (a file under the data directory), PostgreSQL by URL
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from alembic import command
@@ -53,7 +53,8 @@ def _ensure_sqlite_dir(url: str) -> None:
 
 def make_engine(url: str) -> Engine:
     url = normalize_url(url)
-    _ensure_sqlite_dir(url)
+    with suppress(OSError):  # a folder that cannot be made yet: the first session fails, not the start
+        _ensure_sqlite_dir(url)
     if make_url(url).get_backend_name() == "sqlite":
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 

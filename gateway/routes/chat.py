@@ -20,6 +20,7 @@ from gateway.chat import ChatService, TurnResult
 from gateway.deps import ChatDep, TenantDep
 from gateway.errors import InvalidRequest, to_response
 from gateway.schemas import (
+    CONVERSATION_ID,
     ChatCompletion,
     ChatCompletionChunk,
     ChatRequest,
@@ -30,7 +31,7 @@ from gateway.schemas import (
 )
 
 router = APIRouter(prefix="/v1", tags=["chat"])
-ConversationHeader = Annotated[str | None, Header(max_length=200)]
+ConversationHeader = Annotated[str | None, Header(pattern=CONVERSATION_ID)]
 
 
 @router.post("/agents/{role}/chat/completions", response_model=None)
