@@ -5,6 +5,7 @@ is saved as a screenshot."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,7 +96,11 @@ def test_oom_alert_shows_its_banner(tiny_store_gateway: Gateway, page: Page) -> 
 
 
 def test_promote_and_roll_back_through_the_ui_change_the_active_version(
-    gateway: Gateway, versions: dict[str, int], traffic: dict[str, dict[str, Any]], page: Page
+    gateway: Gateway,
+    versions: dict[str, int],
+    traffic: dict[str, dict[str, Any]],
+    artifacts: dict[str, Path],
+    page: Page,
 ) -> None:
     forbidden = page.goto(f"{gateway.url}/dashboard/adapters/{versions['v2']}/promote")
     assert forbidden is not None and forbidden.status == 403
@@ -138,10 +143,21 @@ def test_promote_and_roll_back_through_the_ui_change_the_active_version(
         audit = admin.get("/admin/audit").json()
     assert [(a["action"], a["actor"]) for a in audit[:2]] == [("promote", "dashboard"), ("rollback", "dashboard")]
 
-    for path, name in (("/dashboard/upload", "upload"), ("/dashboard/fits/new", "fit-new")):
-        page.goto(f"{gateway.url}{path}")
-        expect(page.locator("h1")).to_be_visible()
-        screenshot(page, name)
+    page.goto(f"{gateway.url}/dashboard/upload")
+    screenshot(page, "upload")
+    folder = artifacts["v1"]
+    page.set_input_files("input[name=manifest]", str(folder / "manifest.json"))
+    page.set_input_files("input[name=weights]", str(folder / "adapter.safetensors"))
+    page.fill("input[name=version]", "v1-uploaded")
+    page.get_by_role("button", name="Upload").click()
+    expect(page.locator("input[name=confirm]:invalid")).to_have_count(1)  # the box must be ticked first
+    assert "v1-uploaded" not in statuses(gateway)
+    page.check("input[name=confirm]")
+    page.get_by_role("button", name="Upload").click()
+    expect(page.locator("p.notice")).to_contain_text("Registered version v1-uploaded")
+    assert statuses(gateway)["v1-uploaded"] == "candidate"
+    page.goto(f"{gateway.url}/dashboard/fits/new")
+    screenshot(page, "fit-new")
 
 
 def test_fit_through_the_ui_shows_live_progress_and_registers_a_candidate(
