@@ -36,11 +36,12 @@ FIELDS = tuple(RequestRecord.__dataclass_fields__)
 
 
 class RequestLog:
-    def __init__(self, db: Database, *, keep: int = 50_000) -> None:
-        if keep < 1:
-            raise ValueError("keep must be positive")
+    def __init__(self, db: Database, *, keep: int = 50_000, prune_every: int = PRUNE_EVERY) -> None:
+        if keep < 1 or prune_every < 1:
+            raise ValueError("keep and prune_every must be positive")
         self.db = db
         self.keep = keep
+        self.prune_every = prune_every
 
     async def record(self, record: RequestRecord) -> None:
         try:
@@ -51,7 +52,7 @@ class RequestLog:
     def _write(self, record: RequestRecord) -> None:
         with self.db.session() as session:
             row = repo.record_request(session=session, **asdict(record))
-            if row.id % PRUNE_EVERY == 0 and row.id > self.keep:
+            if row.id % self.prune_every == 0 and row.id > self.keep:
                 repo.prune_requests(session=session, keep_after_id=row.id - self.keep)
 
     def recent(self, limit: int) -> list[RequestRecord]:

@@ -141,7 +141,7 @@ class DashboardSettings(_Section):
     requests_kept: int = Field(default=50_000, ge=1)  # rows the request log keeps
     alert_window_s: float = Field(default=900.0, gt=0.0)  # an OOM or drift alert stays active this long
     poll_s: float = Field(default=0.5, gt=0.0)  # how often a live feed reads the event stream
-    stream_s: float = Field(default=30.0, gt=0.0)  # a live feed's connection ends then; the browser reconnects
+    stream_s: float = Field(default=15.0, gt=0.0)  # a live feed's connection ends then; the browser reconnects
     session_ttl_s: int = Field(default=12 * 3600, ge=60)  # an admin sign-in lasts this long
 
 
