@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from dashboard import mount as dashboard
 from dashboard.state import Dashboard
 from gateway.engine_pool import EnginePool
-from gateway.errors import install_error_handlers
+from gateway.errors import ERROR_RESPONSES, install_error_handlers
 from gateway.middleware import BodyLimit, RequestId
 from gateway.routes import admin, chat, health, models
 from gateway.services import Services, build_services
@@ -37,7 +37,7 @@ def create_app(settings: Settings, *, pool: EnginePool | None = None, own_pool: 
     app = FastAPI(title="HeteroFold Gateway", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     for router in (chat.router, models.router, admin.router, health.router):
-        app.include_router(router)
+        app.include_router(router, responses=ERROR_RESPONSES)
     if settings.dashboard.enabled:
         dashboard.install(app)
     app.add_middleware(BodyLimit, limit=settings.limits.max_body_bytes)

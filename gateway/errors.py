@@ -25,6 +25,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engines.errors import BadPrompt, EngineBusy, EngineError, PromptTooLong, UnknownModel
@@ -85,6 +86,29 @@ class EngineFailed(GatewayError):
 
 class EngineTimeout(GatewayError):
     status, type, code = 504, "server_error", "engine_timeout"
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """The OpenAI error shape, documented in the OpenAPI schema for every error status."""
+
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": what}
+    for status, what in (
+        (400, "Invalid request"), (401, "Missing or unknown key"), (403, "Admin key required"), (404, "Not found"),
+        (409, "Conflict"), (413, "Body too large"), (429, "Engine busy (Retry-After)"), (500, "Internal error"),
+        (503, "Registry, store or engine unavailable"), (504, "Engine timeout"),
+    )
+}  # fmt: skip
 
 
 def error_body(message: str, type_: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:

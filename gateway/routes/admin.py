@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Form, UploadFile
+from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -28,6 +29,7 @@ from gateway.registry import adapters as repo
 from gateway.registry.tables import AdapterRow
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
+ROW_ID_MAX = 2**31 - 1  # the registry's integer ids (PostgreSQL INTEGER); larger ones failed inside SQL
 
 
 class AdapterOut(BaseModel):
@@ -91,8 +93,13 @@ async def upload(
     return _out(row, pool)
 
 
+AdapterId = Annotated[int, PathParam(ge=1, le=ROW_ID_MAX)]
+
+
 def _change(action: str) -> Callable[[int, DbDep, PoolDep, ResolverDep, StoreDep], Any]:
-    async def handler(adapter_id: int, db: DbDep, pool: PoolDep, resolver: ResolverDep, store: StoreDep) -> AdapterOut:
+    async def handler(
+        adapter_id: AdapterId, db: DbDep, pool: PoolDep, resolver: ResolverDep, store: StoreDep
+    ) -> AdapterOut:
         row = await change_status(action=action, adapter_id=adapter_id, actor="admin", db=db, pool=pool,
                                   resolver=resolver, store=store)  # fmt: skip
         return _out(row, pool)
@@ -105,7 +112,9 @@ for _action in ACTIONS:
 
 
 @router.get("/audit")
-async def audit(db: DbDep, adapter_id: int | None = None) -> list[dict[str, Any]]:
+async def audit(
+    db: DbDep, adapter_id: Annotated[int | None, Query(ge=1, le=ROW_ID_MAX)] = None
+) -> list[dict[str, Any]]:
     rows = await in_session(db, lambda s: repo.audit_log(session=s, adapter_id=adapter_id))
     return [
         {"id": r.id, "adapter_id": r.adapter_id, "action": r.action, "from": r.from_status, "to": r.to_status,

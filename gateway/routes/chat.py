@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -31,18 +31,20 @@ from gateway.schemas import (
 )
 
 router = APIRouter(prefix="/v1", tags=["chat"])
+# ``stream: true`` answers with server-sent events
+STREAMS: dict[int | str, dict[str, Any]] = {200: {"content": {"application/json": {}, "text/event-stream": {}}}}
 ConversationHeader = Annotated[str | None, Header(pattern=CONVERSATION_ID)]
 
 
-@router.post("/agents/{role}/chat/completions", response_model=None)
-@router.post("/agents/{role}", response_model=None)
+@router.post("/agents/{role}/chat/completions", response_model=None, responses=STREAMS)
+@router.post("/agents/{role}", response_model=None, responses=STREAMS)
 async def agent_chat(
     role: str, body: ChatRequest, chat: ChatDep, tenant: TenantDep, x_conversation_id: ConversationHeader = None
 ) -> JSONResponse | StreamingResponse:
     return await _answer(role, body, chat, tenant, body.conversation_id or x_conversation_id)
 
 
-@router.post("/chat/completions", response_model=None)
+@router.post("/chat/completions", response_model=None, responses=STREAMS)
 async def chat_completions(
     body: ChatRequest, chat: ChatDep, tenant: TenantDep, x_conversation_id: ConversationHeader = None
 ) -> JSONResponse | StreamingResponse:

@@ -39,6 +39,6 @@ async def ready(pool: PoolDep, store: StoreDep, db: DbDep, services: ServicesDep
     return JSONResponse({"status": "ready" if ok else "not ready", "checks": checks}, status_code=200 if ok else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(m: MetricsDep) -> Response:
     return Response(await asyncio.to_thread(m.render), media_type=CONTENT_TYPE_LATEST)

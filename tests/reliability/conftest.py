@@ -75,7 +75,7 @@ def native(gw: Gateway, role: str, messages: Messages) -> str:
     return text
 
 
-def assert_openai_error(response: httpx.Response, status: int, code: str) -> None:
+def assert_openai_error(response: httpx.Response, status: int, code: str | None) -> None:
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == code, error
