@@ -6,15 +6,25 @@ one forward pass runs the tokens at S at their true positions. Query i (position
 - the recomputed KV of S_k for k <= i, computed in the same pass.
 A sliding layer additionally limits both to S_i - j < window. The recomputed KV then replaces the
 given KV at S. With S = all positions this is exactly a native prefill.
+
+Cost. A full-attention layer attends each recomputed token over all T + n keys. A sliding layer
+needs far fewer: the recomputed tokens are cut into blocks of consecutive ones spanning less than
+a window, and each block attends only over the keys its mask allows (at most about two windows plus
+its own tokens) through the same SDPA kernel, instead of over all T + n keys with most masked out.
+Masked keys add exactly zero either way, so the result is the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextvars
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
+from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from engines.errors import KVMismatch
 from heterofold.kv import KVCache
@@ -23,8 +33,74 @@ if TYPE_CHECKING:
     from engines.local import LocalEngine
 
 
-def recompute_masks(T: int, chosen: torch.Tensor, window: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask ``(1, 1, n, T + n)``: 0 where query ``i`` may attend, -inf-like elsewhere."""
+BLOCKED = "heterofold_blocked_sdpa"
+Blocks = list[tuple[slice, torch.Tensor]]  # (query rows, key columns they may see)
+_blocks: contextvars.ContextVar[Blocks | None] = contextvars.ContextVar("heterofold_blocks", default=None)
+
+
+def _blocked_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """SDPA, except on a sliding layer during a recompute: block by block over the allowed keys."""
+    blocks = _blocks.get()
+    if blocks is None or not kwargs.get("sliding_window") or attention_mask is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    outs = []
+    for rows, cols in blocks:
+        out, _ = sdpa_attention_forward(
+            module,
+            query[:, :, rows],
+            key[:, :, cols],
+            value[:, :, cols],
+            attention_mask[:, :, rows][..., cols],
+            **kwargs,
+        )
+        outs.append(out)  # (B, n_block, heads, D)
+    return torch.cat(outs, dim=1), None
+
+
+AttentionInterface.register(BLOCKED, _blocked_sdpa)
+
+
+def sliding_blocks(T: int, chosen: torch.Tensor, window: int) -> Blocks:
+    """Blocks of consecutive recomputed tokens spanning less than ``window`` positions, each with
+    the key columns (of the T + n in the pass) that its sliding mask allows."""
+    n = chosen.shape[0]
+    ok = recompute_allowed(T, chosen, window)
+    blocks: Blocks = []
+    start = 0
+    for i in range(1, n + 1):
+        if i == n or chosen[i] - chosen[start] >= window:
+            blocks.append((slice(start, i), ok[start:i].any(0).nonzero().squeeze(1)))
+            start = i
+    return blocks
+
+
+@contextmanager
+def _blocked(model: Any, blocks: Blocks) -> Iterator[None]:
+    """Route the model's attention through ``_blocked_sdpa`` with ``blocks`` for this pass. The
+    engine's single worker thread runs one pass at a time, so switching the config is safe."""
+    config = model.config
+    before = config._attn_implementation
+    if before != "sdpa":  # another kernel: leave it alone, masks still give the same result
+        yield
+        return
+    token = _blocks.set(blocks)
+    config._attn_implementation = BLOCKED
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+        _blocks.reset(token)
+
+
+def recompute_allowed(T: int, chosen: torch.Tensor, window: int) -> torch.Tensor:
+    """Bool ``(n, T + n)``: True where recomputed token ``i`` may attend (module docstring)."""
     n = chosen.shape[0]
     j = torch.arange(T)
     is_chosen = torch.zeros(T, dtype=torch.bool)
@@ -34,7 +110,12 @@ def recompute_masks(T: int, chosen: torch.Tensor, window: int, dtype: torch.dtyp
     if window:
         past_ok &= chosen[:, None] - j[None, :] < window
         new_ok &= chosen[:, None] - chosen[None, :] < window
-    ok = torch.cat([past_ok, new_ok], dim=1)  # (n, T + n)
+    return torch.cat([past_ok, new_ok], dim=1)  # (n, T + n)
+
+
+def recompute_masks(T: int, chosen: torch.Tensor, window: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask ``(1, 1, n, T + n)``: 0 where query ``i`` may attend, -inf-like elsewhere."""
+    ok = recompute_allowed(T, chosen, window)
     mask = torch.zeros(ok.shape, dtype=dtype).masked_fill_(~ok, torch.finfo(dtype).min)
     return mask[None, None]
 
@@ -59,14 +140,17 @@ def recompute_sync(engine: LocalEngine, dense: KVCache, positions: Sequence[int]
         layer.keys, layer.values = k1, v1
     windows = {w for w in spec.windows if w}
     full = recompute_masks(T, chosen, 0, dtype).to(device)
+    blocks: Blocks = []
     if windows:
         (window,) = windows
         mask: Any = {"full_attention": full, "sliding_attention": recompute_masks(T, chosen, window, dtype).to(device)}
+        blocks = [(rows, cols.to(device)) for rows, cols in sliding_blocks(T, chosen, window)]
     else:
         mask = full
     ids = dense.token_ids[chosen].to(device)[None]  # (1, n)
-    engine.model(input_ids=ids, position_ids=chosen.to(device)[None], attention_mask=mask, cache=cache, use_cache=True,
-                 logits_to_keep=1)  # fmt: skip
+    with _blocked(engine.model, blocks):
+        engine.model(input_ids=ids, position_ids=chosen.to(device)[None], attention_mask=mask, cache=cache,
+                     use_cache=True, logits_to_keep=1)  # fmt: skip
     keys, values = [], []
     for layer, k, v in zip(cache.layers, dense.keys, dense.values, strict=True):
         k2, v2 = k.clone(), v.clone()  # (H, T, D)

@@ -14,7 +14,9 @@ the same, two matmuls per layer. Artifact: ``adapter.safetensors`` plus ``manife
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from heterofold.errors import AdapterError, FingerprintMismatch
 from heterofold.kv import KVCache
-from heterofold.rope import apply_rope, strip_rope
+from heterofold.rope import rope_tables, rotate, strip_rope
 from heterofold.spec import ModelSpec
 
 FORMAT = "heterofold-adapter/1"
@@ -89,6 +91,7 @@ class Adapter:
                 raise AdapterError(f"layer {layer}: weights {tuple(mp.k_weight.shape)}, expected {(f_in, out)}")
         self.manifest = manifest
         self.maps = maps
+        self._cast: dict[torch.dtype, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
 
     @classmethod
     def identity(cls, side: Side, version: str = "identity") -> Adapter:
@@ -118,36 +121,52 @@ class Adapter:
         src: torch.Tensor,
         receiver_ids: torch.Tensor,
         rows: Sequence[torch.Tensor | None] | None = None,
+        *,
+        dtype: torch.dtype | None = None,
     ) -> KVCache:
         """Map ``sender`` onto receiver tokens ``receiver_ids`` ``(T_r,)``, where ``src`` ``(T_r,)``
         gives each receiver token's sender token, or -1 (left zero: the receiver must recompute
         those natively). ``rows[l]``, a bool mask ``(T_r,)``, limits layer l to the positions that
         will be read (a sliding layer needs only its windows); other rows stay zero. Returns a
-        dense receiver value at positions 0..T_r-1."""
+        dense receiver value at positions 0..T_r-1, in the sender cache's dtype.
+
+        ``dtype`` is the matmul dtype (default :func:`map_dtype`): bfloat16 where the hardware
+        multiplies it natively, float32 otherwise and always for the identity map (exact reuse).
+        Cost: the sender's features are built once (RoPE stripped per distinct theta in one
+        batched op), each receiver layer reads its sender layers as a column slice of them, rows
+        are gathered once per distinct ``rows`` mask, and RoPE tables are built once per theta."""
         m = self.manifest
         if sender.fingerprint != m.sender.fingerprint:
             raise FingerprintMismatch(f"sender KV from {sender.fingerprint[:12]}, adapter wants {m.sender.name}")
+        compute = dtype or (torch.float32 if m.method == "identity" else map_dtype(sender.keys[0].device))
+        out_dtype = sender.keys[0].dtype
         (T_r,) = receiver_ids.shape
-        aligned = (src >= 0).nonzero().squeeze(1)  # (N,)
+        aligned = (src >= 0).nonzero().squeeze(1)  # (N,) receiver positions, receiver token j at position j
         s_idx = src[aligned]  # (N,) sender token indices
-        s_pos = sender.positions[s_idx]
-        r_pos = aligned  # receiver token j sits at position j
         H, D = m.receiver.num_kv_heads, m.receiver.head_dim
-        feats = SenderFeatures(sender, s_idx, s_pos, m.sender.rope_thetas)
+        bank = _FeatureBank(sender, s_idx, sender.positions[s_idx], m.sender.rope_thetas, self._used_layers(), compute)
+        weights = self._weights(compute)
+        # Per distinct rows mask: which of the N aligned rows to compute, their receiver positions,
+        # and RoPE tables per theta (the sliding layers share one mask and one theta).
+        groups: dict[int, tuple[torch.Tensor | None, torch.Tensor, dict[float, tuple[torch.Tensor, torch.Tensor]]]] = {}
         keys, values = [], []
-        for layer, (mp, src_layers) in enumerate(zip(self.maps, m.sender_layers, strict=True)):
-            xk, xv = feats.get(src_layers)  # (N, F) each
+        for layer, src_layers in enumerate(m.sender_layers):
             keep = rows[layer] if rows is not None else None
-            sel = keep[aligned].nonzero().squeeze(1) if keep is not None else None  # rows of (N,) to compute
-            if sel is not None:
-                xk, xv = xk[sel], xv[sel]
-            at = aligned if sel is None else aligned[sel]
-            k = (xk @ mp.k_weight + mp.k_bias).reshape(-1, H, D).transpose(0, 1)  # (n, H*D) -> (H, n, D)
-            v = (xv @ mp.v_weight + mp.v_bias).reshape(-1, H, D).transpose(0, 1)
-            k_full = torch.zeros(H, T_r, D, dtype=k.dtype)
-            v_full = torch.zeros(H, T_r, D, dtype=v.dtype)
-            k_full[:, at] = apply_rope(k, r_pos if sel is None else r_pos[sel], m.receiver.rope_thetas[layer])
-            v_full[:, at] = v
+            if id(keep) not in groups:
+                sel = keep[aligned].nonzero().squeeze(1) if keep is not None else None  # rows of (N,)
+                groups[id(keep)] = (sel, aligned if sel is None else aligned[sel], {})
+            sel, at, tables = groups[id(keep)]
+            theta = m.receiver.rope_thetas[layer]
+            if theta not in tables:
+                tables[theta] = rope_tables(at, D, theta, out_dtype)
+            xk, xv = bank.get(src_layers, sel, keep)
+            wk, bk, wv, bv = weights[layer]
+            k = torch.addmm(bk, xk, wk).to(out_dtype).reshape(-1, H, D).transpose(0, 1)  # (H, n, D)
+            v = torch.addmm(bv, xv, wv).to(out_dtype).reshape(-1, H, D).transpose(0, 1)
+            k_full = k.new_zeros(H, T_r, D)
+            v_full = v.new_zeros(H, T_r, D)
+            k_full.index_copy_(1, at, rotate(k, *tables[theta]))
+            v_full.index_copy_(1, at, v)
             keys.append(k_full)
             values.append(v_full)
         return KVCache(
@@ -158,6 +177,18 @@ class Adapter:
             values=tuple(values),
             windows=(0,) * m.receiver.num_layers,
         )
+
+    def _used_layers(self) -> tuple[int, ...]:
+        return tuple(sorted({s for layers in self.manifest.sender_layers for s in layers}))
+
+    def _weights(self, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The maps in the matmul dtype, converted once per dtype and kept."""
+        if dtype not in self._cast:
+            self._cast[dtype] = [
+                (mp.k_weight.to(dtype), mp.k_bias.to(dtype), mp.v_weight.to(dtype), mp.v_bias.to(dtype))
+                for mp in self.maps
+            ]
+        return self._cast[dtype]
 
     # ---- artifact ----------------------------------------------------------------------------
 
@@ -218,3 +249,66 @@ class SenderFeatures:
     def get(self, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         pairs = [self.layer(s) for s in layers]
         return torch.cat([k for k, _ in pairs], dim=1), torch.cat([v for _, v in pairs], dim=1)
+
+
+def map_dtype(device: torch.device) -> torch.dtype:
+    """The matmul dtype of a map on ``device``: bfloat16 on CUDA and on CPUs with native bfloat16
+    dot products (AVX512-BF16 or AMX), float32 elsewhere. A map's own error (held-out R² 0.5-0.7)
+    dwarfs bfloat16's rounding (8 bits of mantissa); ``HETEROFOLD_MAP_DTYPE=float32`` forces fp32."""
+    forced = os.environ.get("HETEROFOLD_MAP_DTYPE")
+    if forced:
+        if forced not in ("float32", "bfloat16"):
+            raise AdapterError(f"HETEROFOLD_MAP_DTYPE must be float32 or bfloat16, not {forced!r}")
+        return torch.float32 if forced == "float32" else torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16
+    if device.type == "cpu" and torch.cpu._is_avx512_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+class _FeatureBank:
+    """All sender layers an adapter reads, as one ``(N, L * H_s * D_s)`` feature matrix per K and
+    V (keys with RoPE stripped), in the matmul dtype. A receiver layer's features are the columns of
+    its sender layers: a view when they are consecutive, which ``align_layers`` windows are."""
+
+    def __init__(
+        self,
+        sender: KVCache,
+        idx: torch.Tensor,
+        pos: torch.Tensor,
+        thetas: tuple[float, ...],
+        layers: tuple[int, ...],
+        dtype: torch.dtype,
+    ) -> None:
+        for s in layers:
+            if sender.stored_length(s) != sender.num_tokens:
+                raise AdapterError(f"sender layer {s} does not hold every token (sliding window)")
+        N, (H, _, D) = len(idx), sender.keys[layers[0]].shape
+        k = torch.empty(N, len(layers), H, D, dtype=dtype)  # filled layer by layer: one copy each
+        v = torch.empty(N, len(layers), H, D, dtype=dtype)
+        tables: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
+        for i, s in enumerate(layers):
+            if thetas[s] not in tables:
+                cos, sin = rope_tables(pos, D, thetas[s], sender.keys[s].dtype)
+                tables[thetas[s]] = cos, -sin  # strip: rotate back by the same angle
+            k[:, i] = rotate(sender.keys[s].index_select(1, idx), *tables[thetas[s]]).transpose(0, 1)
+            v[:, i] = sender.values[s].index_select(1, idx).transpose(0, 1)
+        width = H * D
+        self.k, self.v = k.reshape(N, -1), v.reshape(N, -1)  # (N, L * H * D), views
+        self.column = {s: i * width for i, s in enumerate(layers)}
+        self.width = width
+        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, layers: tuple[int, ...], sel: torch.Tensor | None, key: object) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.k, self.v
+        if sel is not None:
+            if id(key) not in self._rows:
+                self._rows[id(key)] = (k[sel], v[sel])
+            k, v = self._rows[id(key)]
+        starts = [self.column[s] for s in layers]
+        if all(b - a == self.width for a, b in itertools.pairwise(starts)):
+            span = slice(starts[0], starts[0] + len(layers) * self.width)
+            return k[:, span], v[:, span]
+        cols = torch.cat([torch.arange(c, c + self.width) for c in starts])
+        return k[:, cols], v[:, cols]

@@ -54,6 +54,54 @@ def test_recompute_of_every_token_over_noise_is_native(engine: LocalEngine) -> N
             torch.testing.assert_close(a, b, atol=5e-4, rtol=1e-3)
 
 
+def _counting(kernel, calls: list[int]):  # type: ignore[no-untyped-def]
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args[1].shape[2])  # query rows
+        return kernel(*args, **kwargs)
+
+    return wrapper
+
+
+def test_blocked_sliding_attention_equals_the_masked_pass(load_engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The recompute pass's sliding layers attend block by block over the keys their mask allows;
+    the result must equal one masked pass over all keys, for clustered and scattered choices."""
+    import contextlib
+
+    import engines.recompute as rc
+
+    engine = load_engine("gemma3-270m")
+    window = max(engine.spec.windows)
+    ids = list(engine.encode(stdlib_text(12000)).ids)[: 2 * window + 300]
+    dense, _ = run(engine.prefill(ids, dense=True))
+    g = torch.Generator().manual_seed(3)
+    noisy = KVCache(
+        dense.fingerprint,
+        dense.token_ids,
+        dense.positions,
+        tuple(t + 0.5 * torch.randn(t.shape, generator=g) for t in dense.keys),
+        dense.values,
+        dense.windows,
+    )
+    T = len(ids)
+    clustered = [*range(40, 70), *range(window + 10, window + 30), *range(T - 50, T - 35), T - 1]
+    scattered = sorted(torch.randperm(T, generator=g)[:60].tolist())
+    for positions in (clustered, scattered):
+        blocks = rc.sliding_blocks(T, torch.tensor(positions), window)
+        assert len(blocks) > 1 and all(len(cols) < T for _, cols in blocks)
+        calls: list[int] = []
+        with monkeypatch.context() as m:
+            m.setattr(rc, "sdpa_attention_forward", _counting(rc.sdpa_attention_forward, calls))
+            blocked = run(engine.recompute(noisy, positions))
+        sliding = sum(1 for w in engine.spec.windows if w)
+        assert len(calls) == engine.spec.num_layers - sliding + sliding * len(blocks)  # the blocked kernel ran
+        with monkeypatch.context() as m:
+            m.setattr(rc, "_blocked", lambda model, blocks: contextlib.nullcontext())
+            plain = run(engine.recompute(noisy, positions))
+        for a, b in zip(blocked.keys + blocked.values, plain.keys + plain.values, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        assert engine.model.config._attn_implementation == "sdpa"  # restored after the pass
+
+
 def test_identity_transfer_through_templates_reproduces_native_logits(load_engine) -> None:  # type: ignore[no-untyped-def]
     engine = load_engine("smollm2-135m-instruct")
     context = stdlib_text(1500)
