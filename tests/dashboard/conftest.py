@@ -85,8 +85,10 @@ def tiny_store_gateway(pool: EnginePool, tmp_path: Path) -> Iterator[Gateway]:
     yield from serve(tmp_path, pool, store=StoreSettings(cpu_budget_bytes=1 << 20, ssd_budget_bytes=1 << 20))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """Per module: while Playwright's sync API is open, its event loop counts as running in this
+    thread, and any later test's ``asyncio.run`` would fail."""
     if not CHROMIUM.exists():
         raise RuntimeError(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
     with sync_playwright() as p:
