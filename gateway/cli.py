@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -109,6 +110,21 @@ def _progress_bars(name: str) -> Iterator[Callable[[str, int, int], None]]:
         "fit": "fit layers",
         "eval": "evaluate items",
     }
+    if not console.is_terminal:  # a log, not a screen: a plain line per stage every few seconds and at the end
+        start: dict[str, float] = {}
+        last: dict[str, float] = {}
+
+        def line(stage: str, done: int, total: int) -> None:
+            now = time.monotonic()
+            start.setdefault(stage, now)
+            if stage in last and done < total and now - last[stage] < 5.0:
+                return
+            last[stage] = now
+            count = f"{done / 2**20:.0f}/{total / 2**20:.0f} MiB" if stage == "extract" else f"{done}/{total}"
+            console.print(f"{name}: {labels.get(stage, stage)} {count} ({now - start[stage]:.0f} s)", highlight=False)
+
+        yield line
+        return
     with Progress(*columns, console=console) as bars:
         tasks: dict[str, TaskID] = {}
 
