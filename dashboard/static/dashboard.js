@@ -1,6 +1,6 @@
 // Every page: local times, and one EventSource on the event stream. An OOM alert shows the
-// banner; on the live page (#feed) every event is prepended to the feed. One script, so that no
-// event or state change can arrive before its listener exists.
+// banner; on the live page (#feed) every event is prepended to the feed; the overview refreshes
+// its numbers. One script, so that no event or state change can arrive before its listener exists.
 (function () {
   "use strict";
   var MAX_ITEMS = 500;
@@ -35,6 +35,23 @@
     while (feed.children.length > MAX_ITEMS) { feed.lastElementChild.remove(); }
   }
 
+  // Pages with data-refresh (the overview) re-render their <main> from the server a second after
+  // an event arrives, and every data-refresh seconds (tier memory is sampled on a timer).
+  var refreshS = parseFloat(document.body.dataset.refresh || "0");
+  var pending = null;
+  function refresh() {
+    fetch(window.location.href, { cache: "no-store" })
+      .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+      .then(function (html) {
+        var fresh = new DOMParser().parseFromString(html, "text/html").querySelector("main");
+        if (fresh) { document.querySelector("main").replaceWith(fresh); localTimes(fresh); }
+      })
+      .catch(function () {})
+      .finally(function () { pending = null; });
+  }
+  function soon() { if (refreshS > 0 && pending === null) { pending = setTimeout(refresh, 1000); } }
+  if (refreshS > 0) { setInterval(soon, refreshS * 1000); }
+
   if (!window.EventSource) { return; }
   var after = document.body.dataset.lastEvent || "";
   var source = new EventSource("/dashboard/events" + (after ? "?after=" + encodeURIComponent(after) : ""));
@@ -47,6 +64,7 @@
       banner.hidden = false;
     }
     if (feed) { prepend(item); }
+    soon();
   });
   window.addEventListener("beforeunload", function () { source.close(); });
 })();

@@ -63,6 +63,12 @@ def test_overview_shows_per_route_numbers_after_chat_requests(
     memory = page.locator("svg.chart", has=page.locator("title", has_text="Tier memory"))
     expect(memory.locator("polyline").first).to_be_attached()  # sampled over time
     screenshot(page, "overview")
+    page.evaluate("window.notReloaded = true")
+    chat(gateway, "summarizer", f"{CONTEXT}\n\nSummarize.", "baseline-2", reuse=False)
+    # a request without reuse writes no event: the page's 5 s timer refreshes it in place
+    expect(page.locator("#total-requests")).to_have_text(str(len(traffic) + 1), timeout=15_000)
+    expect(route_row(page, "summarizer", f"- → {GEMMA}")).to_contain_text("native 2")
+    assert page.evaluate("window.notReloaded") is True
 
 
 def test_live_feed_shows_a_new_event_without_a_reload(
