@@ -79,6 +79,7 @@ async def _run(settings: Settings, admin_key: str) -> None:
 def _print_urls(settings: Settings, base: str, admin_key: str) -> None:
     table = Table(title="HeteroFold Gateway", show_header=False)
     for label, url in (
+        ("dashboard", f"{base}/dashboard  (sign in with the admin key to change adapters)"),
         ("chat (OpenAI)", f"{base}/v1  (roles: {', '.join(settings.roles)})"),
         ("one role", f"{base}/v1/agents/<role>/chat/completions"),
         ("API docs", f"{base}/docs"),
