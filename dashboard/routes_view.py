@@ -4,7 +4,10 @@ A route is (role, sender engine, receiver engine): the sender is the engine of t
 previous turn when the hop planner read it, else none (a first hop, or a request without reuse).
 The speedup is median native TTFT over median transfer TTFT. Where a route has no native request
 of its own, the native median is the role's, over all its routes (``native_scope == "role"``):
-same receiver engine, but other prompts, so it is an estimate and the page says so.
+same receiver engine, but other prompts. Where the role has none either (every hop transferred),
+it is estimated per transferred request as its TTFT plus the prefill time it saved
+(``native_scope == "estimate"``; the gateway's estimate: the engine's measured prefill rate times
+the cached tokens, net of the transfer). The page marks both.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Literal
 from gateway.request_log import RequestRecord
 
 PATHS = ("native", "prefix", "transfer")
+Scope = Literal["route", "role", "estimate"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class RouteStats:
     paths: dict[str, int]  # path -> requests, every path in PATHS present
     ttft_native_ms: float | None
     ttft_transfer_ms: float | None
-    native_scope: Literal["route", "role"] | None  # where the native median came from
+    native_scope: Scope | None  # where the native median came from
     tokens_saved: int  # prompt tokens not prefilled (cached: prefix reuse or transfer)
     seconds_saved: float  # estimated prefill time saved, net of transfer time (may be negative)
 
@@ -68,14 +72,17 @@ def route_stats(records: Iterable[RequestRecord]) -> list[RouteStats]:
     for (role, sender, receiver), rows in sorted(by_route.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2])):
         counts = Counter(r.path for r in rows)
         own_native = [r.ttft_ms for r in rows if r.path == "native"]
-        scope: Literal["route", "role"] | None = "route" if own_native else None
+        transfers = [r for r in rows if r.path == "transfer"]
+        scope: Scope | None = "route" if own_native else None
         native = _median(own_native)
         if native is None and native_by_role[role]:
             native, scope = _median(native_by_role[role]), "role"
+        if native is None and transfers:
+            native, scope = _median([r.ttft_ms + r.prefill_ms_saved for r in transfers]), "estimate"
         stats = RouteStats(
             role=role, sender=sender, receiver=receiver, requests=len(rows),
             paths={p: counts.get(p, 0) for p in PATHS}, ttft_native_ms=native,
-            ttft_transfer_ms=_median([r.ttft_ms for r in rows if r.path == "transfer"]),
+            ttft_transfer_ms=_median([r.ttft_ms for r in transfers]),
             native_scope=scope, tokens_saved=sum(r.cached_tokens for r in rows),
             seconds_saved=sum(r.prefill_ms_saved for r in rows) / 1000,
         )  # fmt: skip

@@ -55,10 +55,15 @@ def test_overview_shows_per_route_numbers_after_chat_requests(
     saved = traffic["summarizer"]
     expect(row.locator("td").nth(7)).to_have_text(re.compile(r"^[\d,]+$"))
     assert int(row.locator("td").nth(7).inner_text().replace(",", "")) > saved["tokens_transferred"]
-    expect(route_row(page, "reviewer", f"{SMOL} → {SMOL}")).to_contain_text("transfer 1")
+    reviewer = route_row(page, "reviewer", f"{SMOL} → {SMOL}")
+    expect(reviewer).to_contain_text("transfer 1")
+    # no native request for this role: native estimated as the transfer's TTFT plus the prefill it saved
+    expect(reviewer.locator("td").nth(4)).to_have_text(re.compile(r"^est\. \d+ ms$"))
+    shown = float(reviewer.locator("td").nth(4).inner_text().split()[1])
+    assert shown == pytest.approx(traffic["reviewer"]["ttft_ms"] + traffic["reviewer"]["prefill_ms_saved"], abs=1)
     expect(route_row(page, "executor", f"- → {SMOL}")).to_contain_text("native 1")
     speed = page.locator("svg.chart", has=page.locator("title", has_text="Speedup per route"))
-    expect(speed.locator("rect.bar")).to_have_count(1)  # only the summarizer's route has both medians
+    expect(speed.locator("rect.bar")).to_have_count(2)  # the two routes that transferred
     expect(page.locator("#tiers tbody tr", has_text="cpu")).to_contain_text("MiB")
     memory = page.locator("svg.chart", has=page.locator("title", has_text="Tier memory"))
     expect(memory.locator("polyline").first).to_be_attached()  # sampled over time

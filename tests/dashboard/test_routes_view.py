@@ -32,9 +32,16 @@ def test_route_without_native_requests_uses_the_roles_native_median() -> None:
     assert by_sender[None].speedup is None  # native only: nothing to compare
 
 
-def test_no_native_anywhere_means_no_speedup() -> None:
-    (route,) = route_stats([rec("sum", "smol", "transfer", 200.0)])
-    assert route.ttft_native_ms is None and route.native_scope is None and route.speedup is None
+def test_role_without_native_requests_estimates_native_from_the_prefill_its_transfers_saved() -> None:
+    records = [rec("sum", "smol", "transfer", t, cached=700, saved=s) for t, s in ((200.0, 600.0), (300.0, 900.0))]
+    (route,) = route_stats(records)
+    assert route.native_scope == "estimate" and route.ttft_native_ms == 1000.0  # median of 800 and 1200
+    assert route.speedup == pytest.approx(1000.0 / 250.0)
+
+
+def test_native_only_routes_have_no_speedup() -> None:
+    (route,) = route_stats([rec("sum", None, "native", 200.0), rec("sum", None, "prefix", 50.0, cached=100)])
+    assert route.native_scope == "route" and route.ttft_transfer_ms is None and route.speedup is None
 
 
 def test_totals_add_up_the_routes() -> None:
