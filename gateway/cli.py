@@ -467,6 +467,23 @@ def bench_gateway(
     )
 
 
+@bench_app.command("load")
+def bench_load(
+    minutes: Annotated[float, typer.Option(min=0.1)] = 3.0,
+    conversations: Annotated[int, typer.Option(min=1)] = 4,
+    hops: Annotated[int, typer.Option(min=1)] = 5,
+    adapter: Annotated[list[Path] | None, typer.Option(help="Fitted artifact to upload and promote first.")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report here.")] = None,
+) -> None:
+    """Bounded load: concurrent multi-hop conversations across every role (bench/load.py)."""
+    from bench.load import main as load_main
+
+    args = ["--minutes", str(minutes), "--conversations", str(conversations), "--hops", str(hops)]
+    args += [a for folder in adapter or [] for a in ("--adapter", str(folder))]
+    with _errors():
+        load_main(args + (["--json", str(json_out)] if json_out else []))
+
+
 def _register_db() -> None:
     from gateway.commands import db_app
 
