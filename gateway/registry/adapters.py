@@ -66,11 +66,16 @@ def create_adapter(
     return row
 
 
+ROW_ID_MAX = 2**31 - 1  # integer ids
+
+
 def list_adapters(*, session: Session) -> Sequence[AdapterRow]:
     return session.scalars(select(AdapterRow).order_by(AdapterRow.id)).all()
 
 
 def get_adapter(*, session: Session, adapter_id: int, lock: bool = False) -> AdapterRow:
+    if not 1 <= adapter_id <= ROW_ID_MAX:  # SQL would fail on it (SQLite: overflow; PostgreSQL: out of range)
+        raise NotFound(f"no adapter version {adapter_id}")
     query = select(AdapterRow).where(AdapterRow.id == adapter_id)
     row = session.scalar(query.with_for_update() if lock else query)
     if row is None:

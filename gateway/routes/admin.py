@@ -29,7 +29,6 @@ from gateway.registry import adapters as repo
 from gateway.registry.tables import AdapterRow
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
-ROW_ID_MAX = 2**31 - 1  # the registry's integer ids (PostgreSQL INTEGER); larger ones failed inside SQL
 
 
 class AdapterOut(BaseModel):
@@ -93,7 +92,7 @@ async def upload(
     return _out(row, pool)
 
 
-AdapterId = Annotated[int, PathParam(ge=1, le=ROW_ID_MAX)]
+AdapterId = Annotated[int, PathParam(ge=1, le=repo.ROW_ID_MAX)]
 
 
 def _change(action: str) -> Callable[[int, DbDep, PoolDep, ResolverDep, StoreDep], Any]:
@@ -113,7 +112,7 @@ for _action in ACTIONS:
 
 @router.get("/audit")
 async def audit(
-    db: DbDep, adapter_id: Annotated[int | None, Query(ge=1, le=ROW_ID_MAX)] = None
+    db: DbDep, adapter_id: Annotated[int | None, Query(ge=1, le=repo.ROW_ID_MAX)] = None
 ) -> list[dict[str, Any]]:
     rows = await in_session(db, lambda s: repo.audit_log(session=s, adapter_id=adapter_id))
     return [

@@ -12,8 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from engines.local import LocalEngine
 from gateway.settings import AuthSettings
-from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, Gateway
+from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, SMOL, Gateway
+from tests.gateway.test_admin import saved_identity
 from tests.reliability.conftest import answer, assert_openai_error, chat, events, native
 from tests.reliability.test_faults import opening, then
 
@@ -99,3 +101,45 @@ def test_keys_are_never_logged_stored_or_echoed(
         assert not any(re.search(secret, t) for t in texts), f"{key} appears in a response, log, event or Redis"
         for p in files:  # SQLite, Redis's append-only log, SSD payloads
             assert key.encode() not in p.read_bytes(), f"{key} appears in {p}"
+
+
+def posting_forms(page: str) -> list[str]:
+    forms = re.findall(r"<form\b.*?</form>", page, re.S | re.I)
+    return [f for f in forms if re.search(r'method="post"', f, re.I)]
+
+
+def attribute(form: str, pattern: str) -> str:
+    match = re.search(pattern, form)
+    assert match is not None, form
+    return match.group(1)
+
+
+def test_every_dashboard_form_that_posts_carries_the_session_csrf_token(
+    gateway: Gateway, load_engine: Callable[[str], LocalEngine], tmp_path: Path
+) -> None:
+    folder = saved_identity(load_engine(SMOL), tmp_path / "identity")
+    files = {part: (folder / name).read_bytes() for part, name in (("manifest", "manifest.json"),
+                                                                   ("weights", "adapter.safetensors"))}  # fmt: skip
+    with gateway.http(ADMIN_KEY) as admin:
+        adapter_id = admin.post("/admin/adapters", files=files).json()["id"]
+    with httpx.Client(base_url=gateway.url, timeout=60) as browser:
+        assert browser.post("/dashboard/login", data={"key": ADMIN_KEY}).status_code == 303
+        pages = ["", "/adapters", "/live", "/upload", "/fits/new"]
+        pages += [f"/adapters/{adapter_id}/{action}" for action in ("shadow", "promote", "retire")]
+        forms: list[str] = []
+        for page in pages:
+            r = browser.get(f"/dashboard{page}")
+            assert r.status_code == 200, page
+            forms += posting_forms(r.text)
+        actions = {attribute(f, r'action="([^"]+)"') for f in forms}
+        assert len(forms) >= 4 and any("/promote" in a for a in actions), actions
+        tokens = {attribute(f, r'name="csrf" value="([0-9a-f]+)"') for f in forms if "/login" not in f}
+        assert len(tokens) == 1  # the session's one token, in every form
+        huge = f"/dashboard/adapters/{10**24}/promote"  # was a 500 from SQLite's integer overflow
+        assert browser.get(huge).status_code == 404
+        assert browser.post(huge, data={"csrf": tokens.pop()}).status_code == 404
+        for action in actions - {"/dashboard/login"}:
+            for token in ("", "0" * 64):  # missing or wrong: refused, nothing changes
+                assert browser.post(action, data={"csrf": token, "confirm": "yes"}).status_code in (400, 403), action
+    with gateway.http(ADMIN_KEY) as admin:
+        assert admin.get("/admin/adapters").json()[0]["status"] == "candidate"
