@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Annotated
 from urllib.parse import quote
 
-from fastapi import APIRouter, File, Form, Query, Request, UploadFile
+from fastapi import APIRouter, File, Form, Path, Query, Request, UploadFile
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import BaseModel, Field
 
@@ -34,6 +34,7 @@ EXPLAIN = {
     "retire": "never serve or evaluate it again (it stays in the registry and the audit log)",
 }
 Csrf = Annotated[str, Form(max_length=200)]
+AdapterId = Annotated[int, Path(ge=1, le=2**31 - 1)]  # SQL integer ids; a larger one would fail in the database
 
 
 def _see(path: str, notice: str) -> RedirectResponse:
@@ -87,7 +88,7 @@ def _action(action: str) -> str:
 
 @router.get("/adapters/{adapter_id}/{action}", response_class=HTMLResponse)
 async def confirm_change(
-    request: Request, adapter_id: int, action: str, services: ServicesDep, dash: DashboardDep,
+    request: Request, adapter_id: AdapterId, action: str, services: ServicesDep, dash: DashboardDep,
     session: AdminSessionDep,
 ) -> HTMLResponse:  # fmt: skip
     try:
@@ -100,7 +101,7 @@ async def confirm_change(
 
 @router.post("/adapters/{adapter_id}/{action}")
 async def change(
-    adapter_id: int, action: str, services: ServicesDep, dash: DashboardDep, session: AdminSessionDep, csrf: Csrf
+    adapter_id: AdapterId, action: str, services: ServicesDep, dash: DashboardDep, session: AdminSessionDep, csrf: Csrf
 ) -> RedirectResponse:
     check_csrf(dash, session, csrf)
     try:

@@ -77,6 +77,7 @@ def test_bad_input_gets_a_clear_4xx(versions: dict[str, int], signed_in: tuple[h
     assert r.status_code == 404 and "no adapter action" in r.text
     r = client.post("/dashboard/adapters/99999/promote", data={"csrf": csrf})
     assert r.status_code == 404 and "no adapter version 99999" in r.text
+    assert client.post(f"/dashboard/adapters/{10**30}/promote", data={"csrf": csrf}).status_code == 400
     r = client.get("/dashboard/fits/confirm", params={"sender": SMOL, "receiver": SMOL})
     assert r.status_code == 400 and "different engines" in r.text
     r = client.get("/dashboard/fits/confirm", params={"sender": SMOL, "receiver": "nope"})
