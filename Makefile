@@ -28,11 +28,14 @@ $(STAMP): pyproject.toml
 models: setup
 	$(BIN)/heterofold models pull all
 
-# The dashboard's browser tests drive Debian's chromium through Playwright (never `playwright install`).
+# Debian packages the tests use: chromium for the dashboard's browser tests (driven through
+# Playwright, never `playwright install`) and docker-compose to validate docker-compose.yml.
 browser:
-	@if [ ! -x /usr/bin/chromium ]; then \
+	@need=""; [ -x /usr/bin/chromium ] || need="$$need chromium"; \
+	command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || need="$$need docker-compose"; \
+	if [ -n "$$need" ]; then \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+		$$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$need; \
 	fi
 
 lint: setup
