@@ -38,6 +38,7 @@ from heterofold.corpus import stdlib_text
 QUESTIONS = ("What is this about?", "Name one function it mentions.", "Summarize it in one sentence.",
              "What would you check first?", "Anything missing?")  # fmt: skip
 TIER = re.compile(r'^heterofold_tier_(bytes|budget_bytes)\{tier="(\w+)"\} (\S+)$', re.M)
+ROUTE = re.compile(r'^heterofold_transfer_seconds_count\{route="([^"]+)"\} (\S+)$', re.M)
 # (client key, conversation id) -> the text of the conversation's latest stored turn, or None
 Verify = Callable[[str, str], str | None]
 
@@ -69,6 +70,7 @@ class LoadReport:
     conversations: list[tuple[str, str, str]] = field(default_factory=list)  # (key, id, tag) of each answered
     peak_bytes: dict[str, int] = field(default_factory=dict)
     budget_bytes: dict[str, int] = field(default_factory=dict)
+    transfers: dict[str, int] = field(default_factory=dict)  # per route ("sender -> receiver" engines)
     own_history: int = 0  # conversations whose latest stored turn is their own
     lost: list[str] = field(default_factory=list)  # conversations with no stored turn
     crossed: list[str] = field(default_factory=list)  # conversations whose turn carries another's tag
@@ -89,6 +91,7 @@ class LoadReport:
             "requests_per_s": round(self.requests / self.seconds, 3) if self.seconds else 0.0,
             "completion_tokens_per_s": round(self.completion_tokens / self.seconds, 2) if self.seconds else 0.0,
             "ttft_ms": {path: summarize(xs) for path, xs in sorted(self.ttft_ms.items())},
+            "transfers_per_route": self.transfers,
             "rate_limited_429": self.rate_limited,
             "errors": dict(self.errors),
             "peak_tier_bytes": self.peak_bytes,
@@ -173,6 +176,7 @@ async def _read_tiers(http: httpx.AsyncClient, report: LoadReport) -> None:
             report.peak_bytes[tier] = max(report.peak_bytes.get(tier, 0), int(float(value)))
         else:
             report.budget_bytes[tier] = int(float(value))
+    report.transfers = {route: int(float(n)) for route, n in ROUTE.findall(text)}
 
 
 async def _watch_tiers(http: httpx.AsyncClient, report: LoadReport, every_s: float = 0.5) -> None:
