@@ -136,8 +136,8 @@ def test_every_dashboard_form_that_posts_carries_the_session_csrf_token(
         tokens = {attribute(f, r'name="csrf" value="([0-9a-f]+)"') for f in forms if "/login" not in f}
         assert len(tokens) == 1  # the session's one token, in every form
         huge = f"/dashboard/adapters/{10**24}/promote"  # was a 500 from SQLite's integer overflow
-        assert browser.get(huge).status_code == 404
-        assert browser.post(huge, data={"csrf": tokens.pop()}).status_code == 404
+        assert browser.get(huge).status_code in (400, 404)
+        assert browser.post(huge, data={"csrf": tokens.pop()}).status_code in (400, 404)
         for action in actions - {"/dashboard/login"}:
             for token in ("", "0" * 64):  # missing or wrong: refused, nothing changes
                 assert browser.post(action, data={"csrf": token, "confirm": "yes"}).status_code in (400, 403), action
