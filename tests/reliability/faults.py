@@ -69,12 +69,12 @@ def unwritable(path: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def small_disk(path: Path, size_mib: int) -> Iterator[str]:
-    """``path`` on a filesystem of ``size_mib``: a tmpfs mounted there (root), else the file-size
-    limit of this process (RLIMIT_FSIZE, SIGXFSZ ignored) for writes made while the disk is
-    filled. Yields the kind ("tmpfs" or "rlimit")."""
+    """``path`` on a filesystem of ``size_mib``: a tmpfs mounted there (root with CAP_SYS_ADMIN),
+    else the file-size limit of this process (RLIMIT_FSIZE, SIGXFSZ ignored) for writes made while
+    the disk is filled. Yields the kind ("tmpfs" or "rlimit")."""
     path.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() == 0:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(path)], check=True)
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(path)]
+    if os.geteuid() == 0 and subprocess.run(mount, capture_output=True, check=False).returncode == 0:
         try:
             yield "tmpfs"
         finally:
