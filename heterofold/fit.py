@@ -2,7 +2,7 @@
 
 ``FitData`` stacks, over fit documents, the content-space (RoPE stripped) K and V of every
 eligible sender layer at the aligned sender tokens, and of every receiver layer at the receiver
-tokens. One document in five is held out to choose the ridge strength and to report fidelity.
+tokens. One document in five (the last of 2-4) is held out to choose the ridge strength and to report fidelity.
 
 - ``kv-ridge`` (the baseline): per receiver layer, rank the eligible sender layers by the held-out
   R² of a single-layer ridge fit, take the top ``k``, fit a closed-form ridge on them.
@@ -56,6 +56,14 @@ class FitData:
         return int(self.held_out.numel())
 
 
+def is_held_out(d: int, n: int) -> bool:
+    """Document ``d`` of ``n`` is held out: one in five (the fifth, tenth, ...), or the last one when
+    there are 2-4 documents, so every fit with more than one document reports held-out fidelity."""
+    if n < 2:
+        return False
+    return d % 5 == 4 or (n < 5 and d == n - 1)
+
+
 def stack_pairs(pairs: Sequence[FitPair], sender: Side, receiver: Side, eligible: Sequence[int]) -> FitData:
     sk: dict[int, list[torch.Tensor]] = {s: [] for s in eligible}
     sv: dict[int, list[torch.Tensor]] = {s: [] for s in eligible}
@@ -75,7 +83,7 @@ def stack_pairs(pairs: Sequence[FitPair], sender: Side, receiver: Side, eligible
             k = strip_rope(p.receiver.keys[layer][:, r_idx], r_idx, receiver.rope_thetas[layer])
             rk[layer].append(k.transpose(0, 1).reshape(len(r_idx), -1))
             rv[layer].append(p.receiver.values[layer][:, r_idx].transpose(0, 1).reshape(len(r_idx), -1))
-        held.append(torch.full((len(r_idx),), d % 5 == 4 and len(pairs) > 1))
+        held.append(torch.full((len(r_idx),), is_held_out(d, len(pairs))))
     return FitData(
         sender_k={s: torch.cat(x) for s, x in sk.items()},
         sender_v={s: torch.cat(x) for s, x in sv.items()},
@@ -234,8 +242,8 @@ def calibrate_adapter(
     """HeteroFold's calibration step (``heterofold.calibrate``) on every receiver layer, fitted on
     up to ``docs`` training documents and scored by attention KL on the held-out ones."""
     m = adapter.manifest
-    train = [p for i, p in enumerate(pairs) if i % 5 != 4][:docs]
-    held = [p for i, p in enumerate(pairs) if i % 5 == 4][:2]
+    train = [p for i, p in enumerate(pairs) if not is_held_out(i, len(pairs))][:docs]
+    held = [p for i, p in enumerate(pairs) if is_held_out(i, len(pairs))][:2]
     if not train or not all(p.queries for p in train + held):
         raise AdapterError("calibration needs fit pairs with receiver queries")
     maps: list[LayerMap] = []

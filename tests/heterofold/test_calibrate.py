@@ -49,3 +49,11 @@ def test_sliding_rows_cover_windows_before_recomputed_tokens_and_the_tail() -> N
     rows = sliding_rows((0, 4), prefix=20, chosen=[9])
     assert rows[0] is None
     assert rows[1].nonzero().squeeze(1).tolist() == [6, 7, 8, 9, 17, 18, 19]
+
+
+def test_every_fit_with_two_or_more_documents_holds_one_out() -> None:
+    from heterofold.fit import is_held_out
+
+    assert [is_held_out(d, 1) for d in range(1)] == [False]
+    assert [is_held_out(d, 4) for d in range(4)] == [False, False, False, True]
+    assert [d for d in range(12) if is_held_out(d, 12)] == [4, 9]
