@@ -10,14 +10,14 @@ from typing import Any
 
 import torch
 
-from engines.base import Completion, Encoding, Engine, Export, SamplingParams, StreamEvent, Timings, TokenDelta
+from engines.base import Completion, Engine, Export, SamplingParams, StreamEvent, Timings, TokenDelta
 from engines.catalog import lookup
 from engines.detok import Detokenizer
 from engines.errors import KVMismatch, PromptTooLong
 from engines.hf_cache import dense_cache, export_kv, import_kv
 from engines.loader import LoadedModel, load_converted
 from engines.recompute import recompute_sync
-from engines.templates import default_stops, render
+from engines.templates import TokenizerText, default_stops
 from engines.worker import Worker
 from engines.zoo import Zoo
 from heterofold.kv import KVCache
@@ -29,7 +29,7 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class LocalEngine(Engine):
+class LocalEngine(TokenizerText, Engine):
     def __init__(self, loaded: LoadedModel, *, capacity: int = 8) -> None:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -49,18 +49,7 @@ class LocalEngine(Engine):
         folder = zoo.pull(entry)
         return cls(load_converted(folder, zoo.manifest(entry), device or default_device()), capacity=capacity)
 
-    # ---- text ----------------------------------------------------------------------------
-
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> Encoding:
-        enc = self.tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
-        return Encoding(ids=tuple(enc["input_ids"]), offsets=tuple(map(tuple, enc["offset_mapping"])))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True)
-        return text
-
-    def render(self, messages: Sequence[dict[str, Any]]) -> str:
-        return render(messages, self.spec.template, self.tokenizer)
+    # text (encode, decode, render): TokenizerText
 
     # ---- inference (async front, runs on the worker thread) ------------------------------
 

@@ -43,7 +43,6 @@ import torch
 
 from engines.base import (
     Completion,
-    Encoding,
     Engine,
     Export,
     FinishReason,
@@ -54,7 +53,7 @@ from engines.base import (
 )
 from engines.detok import Detokenizer
 from engines.errors import EngineBusy, EngineError, KVMismatch, PromptTooLong
-from engines.templates import default_stops, render
+from engines.templates import TokenizerText, default_stops
 from heterofold.kv import KVCache
 from heterofold.spec import ModelSpec
 from store.errors import StoreError
@@ -122,7 +121,7 @@ def config_fingerprint(config: Mapping[str, Any], model_path: str) -> str:
     return h.hexdigest()
 
 
-class SGLangEngine(Engine):
+class SGLangEngine(TokenizerText, Engine):
     def __init__(
         self, *, client: httpx.AsyncClient, info: ServerInfo, tokenizer: Any, spec: ModelSpec,
         pages: PageStore | None = None, capacity: int = 8, export_wait_s: float = 2.0, model_dtype: str = "bfloat16",
@@ -188,18 +187,7 @@ class SGLangEngine(Engine):
         except httpx.HTTPError:
             return False
 
-    # ---- text ----------------------------------------------------------------------------
-
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> Encoding:
-        enc = self.tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
-        return Encoding(ids=tuple(enc["input_ids"]), offsets=tuple(map(tuple, enc["offset_mapping"])))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True)
-        return text
-
-    def render(self, messages: Sequence[dict[str, Any]]) -> str:
-        return render(messages, self.spec.template, self.tokenizer)
+    # text (encode, decode, render): TokenizerText
 
     # ---- KV in and out -------------------------------------------------------------------
 

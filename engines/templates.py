@@ -14,9 +14,13 @@ Generation under the plain template stops at ``PLAIN_STOP``, where the model sta
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from engines.base import Encoding
 from engines.errors import BadPrompt
+
+if TYPE_CHECKING:
+    from heterofold.spec import ModelSpec
 
 ROLES = ("system", "user", "assistant")
 PLAIN_STOP = ("\nUser:",)
@@ -61,3 +65,22 @@ def render_plain(messages: Sequence[dict[str, Any]]) -> str:
 
 def default_stops(template: str) -> tuple[str, ...]:
     return PLAIN_STOP if template == "plain" else ()
+
+
+class TokenizerText:
+    """Text work through a Hugging Face fast tokenizer, shared by the engines that hold one as
+    ``self.tokenizer`` beside their ``self.spec``: encode with character offsets, decode, render."""
+
+    tokenizer: Any
+    spec: ModelSpec
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> Encoding:
+        enc = self.tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        return Encoding(ids=tuple(enc["input_ids"]), offsets=tuple(map(tuple, enc["offset_mapping"])))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return text
+
+    def render(self, messages: Sequence[dict[str, Any]]) -> str:
+        return render(messages, self.spec.template, self.tokenizer)
