@@ -67,11 +67,11 @@ def _blocked_sdpa(
 AttentionInterface.register(BLOCKED, _blocked_sdpa)
 
 
-def sliding_blocks(T: int, chosen: torch.Tensor, window: int) -> Blocks:
+def sliding_blocks(ok: torch.Tensor, chosen: torch.Tensor, window: int) -> Blocks:
     """Blocks of consecutive recomputed tokens spanning less than ``window`` positions, each with
-    the key columns (of the T + n in the pass) that its sliding mask allows."""
+    the key columns (of the T + n in the pass) that its sliding mask ``ok`` (``recompute_allowed``)
+    allows."""
     n = chosen.shape[0]
-    ok = recompute_allowed(T, chosen, window)
     blocks: Blocks = []
     start = 0
     for i in range(1, n + 1):
@@ -87,7 +87,7 @@ def _blocked(model: Any, blocks: Blocks) -> Iterator[None]:
     engine's single worker thread runs one pass at a time, so switching the config is safe."""
     config = model.config
     before = config._attn_implementation
-    if before != "sdpa":  # another kernel: leave it alone, masks still give the same result
+    if not blocks or before != "sdpa":  # no sliding layer, or another kernel: the masks alone do it
         yield
         return
     token = _blocks.set(blocks)
@@ -113,9 +113,9 @@ def recompute_allowed(T: int, chosen: torch.Tensor, window: int) -> torch.Tensor
     return torch.cat([past_ok, new_ok], dim=1)  # (n, T + n)
 
 
-def recompute_masks(T: int, chosen: torch.Tensor, window: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask ``(1, 1, n, T + n)``: 0 where query ``i`` may attend, -inf-like elsewhere."""
-    ok = recompute_allowed(T, chosen, window)
+def additive_mask(ok: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask ``(1, 1, n, T + n)`` from ``recompute_allowed``: 0 where query ``i`` may
+    attend, -inf-like elsewhere."""
     mask = torch.zeros(ok.shape, dtype=dtype).masked_fill_(~ok, torch.finfo(dtype).min)
     return mask[None, None]
 
@@ -139,12 +139,13 @@ def recompute_sync(engine: LocalEngine, dense: KVCache, positions: Sequence[int]
         layer.lazy_initialization(k1, v1)
         layer.keys, layer.values = k1, v1
     windows = {w for w in spec.windows if w}
-    full = recompute_masks(T, chosen, 0, dtype).to(device)
+    full = additive_mask(recompute_allowed(T, chosen, 0), dtype).to(device)
     blocks: Blocks = []
     if windows:
         (window,) = windows
-        mask: Any = {"full_attention": full, "sliding_attention": recompute_masks(T, chosen, window, dtype).to(device)}
-        blocks = [(rows, cols.to(device)) for rows, cols in sliding_blocks(T, chosen, window)]
+        ok = recompute_allowed(T, chosen, window)
+        mask: Any = {"full_attention": full, "sliding_attention": additive_mask(ok, dtype).to(device)}
+        blocks = [(rows, cols.to(device)) for rows, cols in sliding_blocks(ok, chosen, window)]
     else:
         mask = full
     ids = dense.token_ids[chosen].to(device)[None]  # (1, n)

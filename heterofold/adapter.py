@@ -159,7 +159,7 @@ class Adapter:
             theta = m.receiver.rope_thetas[layer]
             if theta not in tables:
                 tables[theta] = rope_tables(at, D, theta, out_dtype)
-            xk, xv = bank.get(src_layers, sel, keep)
+            xk, xv = bank.get(src_layers, sel)
             wk, bk, wv, bv = weights[layer]
             k = torch.addmm(bk, xk, wk).to(out_dtype).reshape(-1, H, D).transpose(0, 1)  # (H, n, D)
             v = torch.addmm(bv, xv, wv).to(out_dtype).reshape(-1, H, D).transpose(0, 1)
@@ -300,12 +300,13 @@ class _FeatureBank:
         self.width = width
         self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def get(self, layers: tuple[int, ...], sel: torch.Tensor | None, key: object) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(self, layers: tuple[int, ...], sel: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features of ``layers`` at rows ``sel`` (all rows if None), gathered once per ``sel``."""
         k, v = self.k, self.v
         if sel is not None:
-            if id(key) not in self._rows:
-                self._rows[id(key)] = (k[sel], v[sel])
-            k, v = self._rows[id(key)]
+            if id(sel) not in self._rows:
+                self._rows[id(sel)] = (k[sel], v[sel])
+            k, v = self._rows[id(sel)]
         starts = [self.column[s] for s in layers]
         if all(b - a == self.width for a, b in itertools.pairwise(starts)):
             span = slice(starts[0], starts[0] + len(layers) * self.width)

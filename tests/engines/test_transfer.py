@@ -86,7 +86,8 @@ def test_blocked_sliding_attention_equals_the_masked_pass(load_engine, monkeypat
     clustered = [*range(40, 70), *range(window + 10, window + 30), *range(T - 50, T - 35), T - 1]
     scattered = sorted(torch.randperm(T, generator=g)[:60].tolist())
     for positions in (clustered, scattered):
-        blocks = rc.sliding_blocks(T, torch.tensor(positions), window)
+        chosen = torch.tensor(positions)
+        blocks = rc.sliding_blocks(rc.recompute_allowed(T, chosen, window), chosen, window)
         assert len(blocks) > 1 and all(len(cols) < T for _, cols in blocks)
         calls: list[int] = []
         with monkeypatch.context() as m:
