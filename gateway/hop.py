@@ -19,12 +19,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
-from prometheus_client import Counter
 
 from engines.base import Engine, Timings
 from engines.errors import EngineBusy, EngineError
@@ -123,9 +121,6 @@ class StorageMiss(Exception):
     """An engine that imports KV through HiCache storage (SGLang) loaded none of it and prefilled."""
 
 
-_IMPORT_COUNTERS: weakref.WeakKeyDictionary[Metrics, tuple[Counter, Counter]] = weakref.WeakKeyDictionary()
-
-
 class StorageImports:
     """Confirms a KV import through HiCache storage after the engine answered: SGLang reports in
     ``meta_info.cached_tokens_details.storage`` (``Timings.storage_tokens``) how many prompt tokens
@@ -135,15 +130,8 @@ class StorageImports:
 
     def __init__(self, fallbacks: Fallbacks) -> None:
         self.fallbacks = fallbacks
-        m = fallbacks.metrics
-        if m not in _IMPORT_COUNTERS:  # one set per metrics registry
-            _IMPORT_COUNTERS[m] = (
-                Counter("heterofold_storage_hits_total", "KV imports SGLang loaded from HiCache storage", ["engine"],
-                        registry=m.registry),
-                Counter("heterofold_storage_hit_tokens_total", "Prompt tokens SGLang loaded from HiCache storage",
-                        ["engine"], registry=m.registry),
-            )  # fmt: skip
-        self.hits, self.hit_tokens = _IMPORT_COUNTERS[m]
+        self.hits = fallbacks.metrics.storage_hits
+        self.hit_tokens = fallbacks.metrics.storage_hit_tokens
 
     def confirm(self, hop: Hop, plan: HopPlan, timings: Timings) -> HopPlan:
         if plan.past is None or timings.storage_tokens is None:

@@ -72,6 +72,11 @@ class Metrics:
         self.drift_alerts = Counter("heterofold_drift_alerts_total", "Adapter drift alerts", ["version"], registry=r)
         self.rate_limited = Counter("heterofold_rate_limited_total", "Requests answered 429 (engine queue full)",
                                     ["engine"], registry=r)  # fmt: skip
+        self.storage_hits = Counter("heterofold_storage_hits_total", "KV imports SGLang loaded from HiCache storage",
+                                    ["engine"], registry=r)  # fmt: skip
+        self.storage_hit_tokens = Counter("heterofold_storage_hit_tokens_total",
+                                          "Prompt tokens SGLang loaded from HiCache storage", ["engine"],
+                                          registry=r)  # fmt: skip
 
     def watch_tiers(self, usage: Callable[[], Sequence[tuple[str, int, int]]]) -> None:
         self.registry.register(_TierCollector(usage))
