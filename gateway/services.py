@@ -164,10 +164,13 @@ def _register_models(db: Database, pool: EnginePool) -> None:
 
 async def tail_events(store: KVStore, metrics: Metrics, block_ms: int = 250) -> None:
     """Count the store's evictions and OOM alerts (raised inside the store) into the metrics. The
-    block stays under the store client's socket timeout."""
-    after = "$"
+    block stays under the store client's socket timeout. The cursor is a real id from the start: a
+    read from ``$`` each time would miss the events written between two reads."""
+    after: str | None = None
     while True:
         try:
+            if after is None:
+                after = await asyncio.to_thread(store.events.last_id)
             await asyncio.to_thread(store.events.flush)  # events kept while Redis was down
             events = await asyncio.to_thread(store.events.read, after, 200, block_ms)
         except StoreError:

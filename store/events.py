@@ -90,6 +90,14 @@ class EventLog:
             with self._lock:
                 self._backlog.append(self.entry(kind, now, **fields))
 
+    def last_id(self) -> str:
+        """The newest entry's id (``"0-0"`` for an empty stream): a cursor for the events after now.
+        Raises ``StoreUnavailable`` when Redis is down."""
+        rows: Any
+        with redis_errors("read events"):
+            rows = self.client.xrevrange(self.key, count=1)
+        return str(rows[0][0].decode()) if rows else "0-0"
+
     def read(self, after: str = "0-0", count: int = 100, block_ms: int | None = None) -> list[Event]:
         """Events after stream id ``after``, oldest first; ``block_ms`` waits for new ones."""
         rows: Any

@@ -35,3 +35,14 @@ def test_reading_after_a_cursor_returns_only_newer_events(open_store: Callable[.
     store.prefill_saved(scope, 8)
     newer = store.events.read(after=cursor, block_ms=100)
     assert [e.kind for e in newer] == ["prefill.saved"]
+
+
+def test_last_id_is_a_cursor_that_misses_nothing_written_after_it(open_store: Callable[..., KVStore]) -> None:
+    store = open_store()
+    scope = store.scope(FP, "t")
+    assert store.events.last_id() == "0-0"  # empty stream
+    store.put(scope, make_kv(TOKENS))
+    cursor = store.events.last_id()
+    assert cursor == store.events.read()[-1].id
+    store.prefill_saved(scope, 8)  # written before the next read starts: a "$" read would miss it
+    assert [e.kind for e in store.events.read(after=cursor, block_ms=100)] == ["prefill.saved"]
