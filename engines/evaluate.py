@@ -5,7 +5,10 @@ answers ``{context}\\n\\nQuestion: {question}`` in its own prompt format, follow
 - ``native``: it prefills everything itself (the ceiling);
 - ``heterofold``: transfer with the HeteroFold adapter plus selective recompute (a budget of the
   context tokens, chosen by ``heterofold.select`` from the question);
-- ``kv_ridge``: transfer with the KV Ridge adapter, no selective recompute;
+- ``kv_ridge``: transfer with the KV Ridge adapter, no selective recompute (the baseline);
+- ``kv_ridge_recompute``: the KV Ridge adapter with the same selective recompute as
+  ``heterofold`` at its budget (and at every budget of the sweep, ``kv_ridge_budget_frontier``):
+  what HeteroFold's own map adds once recompute is on, and the budget each needs for a quality;
 - ``no_context``: it sees only the question (the floor);
 - ``sender``: the sender answers alone, with the context.
 Only receiver tokens without a sender token (BOS, template markers) are recomputed on every
@@ -109,6 +112,7 @@ async def evaluate(
         runs: list[tuple[str, Adapter, float | None]] = []
         if kv_ridge:
             runs.append(("kv_ridge", kv_ridge, None))
+            runs += [(f"kv_ridge@{b:g}", kv_ridge, b) for b in sweep if b > 0]
         runs += [(f"heterofold@{b:g}", heterofold, b) for b in sweep if heterofold]
         for path, adapter, fraction in runs:
             choose = context_chooser(item, r_enc.offsets, ctx_start, fraction or 0.0)
@@ -125,13 +129,17 @@ async def evaluate(
     paths = {p: s.summary(native_acc) for p, s in stats.items()}
     if heterofold:
         paths["heterofold"] = {**paths[f"heterofold@{budget:g}"], "budget": budget}
-    frontier = {p.split("@")[1]: v for p, v in paths.items() if "@" in p}
+    if f"kv_ridge@{budget:g}" in paths:
+        paths["kv_ridge_recompute"] = {**paths[f"kv_ridge@{budget:g}"], "budget": budget}
+    frontier = {p.split("@")[1]: v for p, v in paths.items() if p.startswith("heterofold@")}
+    ridge_frontier = {p.split("@")[1]: v for p, v in paths.items() if p.startswith("kv_ridge@")}
     return {
         "sender": sender.spec.name,
         "receiver": receiver.spec.name,
         "items": len(items),
         "paths": {p: v for p, v in paths.items() if "@" not in p},
         "heterofold_budget_frontier": frontier,
+        "kv_ridge_budget_frontier": ridge_frontier,
         "accuracy_by_kind": {
             k: {p: round(sum(v) / len(v), 4) for p, v in by.items()} for k, by in sorted(kinds.items())
         },

@@ -354,7 +354,8 @@ def eval_cmd(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
-    """Every path on the same items: native, heterofold, kv_ridge, no_context, sender."""
+    """Every path on the same items: native, heterofold, kv_ridge (with and without recompute), no_context,
+    sender."""
     from engines.evaluate import evaluate
     from engines.local import LocalEngine
     from heterofold.adapter import Adapter
@@ -377,7 +378,9 @@ def eval_cmd(
     for col in ("path", "accuracy", "retention", "median TTFT ms", "first-token KL", "top-1 agreement"):
         table.add_column(col)
     rows = list(result["paths"].items()) + [
-        (f"heterofold @ {b}", v) for b, v in result["heterofold_budget_frontier"].items()
+        (f"{name} @ {b}", v)
+        for name in ("heterofold", "kv_ridge")
+        for b, v in result[f"{name}_budget_frontier"].items()
     ]
     for path, v in rows:
         table.add_row(

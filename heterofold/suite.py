@@ -221,17 +221,19 @@ def _scatter(rng: random.Random, docs: list[str], n_chars: int, placed: list[tup
     """A haystack of ``n_chars`` in all with each needle on a line of its own at its depth (0..1).
 
     Needles go at line starts of the haystack, the nearest free one to each depth, in list order.
+    A short haystack may have fewer line starts than needles: the rest then share the nearest one.
     """
     haystack = _haystack(rng, docs, n_chars - sum(len(needle) + 1 for _, needle in placed))
     starts = [0] + [m.end() for m in re.finditer("\n", haystack)]
-    at: dict[int, str] = {}
+    at: dict[int, list[str]] = {}
     for depth, needle in placed:
-        free = (k for k in sorted(range(len(starts)), key=lambda k: abs(starts[k] - depth * len(haystack))))
-        at[next(k for k in free if k not in at)] = needle
+        near = sorted(range(len(starts)), key=lambda k: abs(starts[k] - depth * len(haystack)))
+        k = next((k for k in near if k not in at), near[0])
+        at.setdefault(k, []).append(needle)
     parts: list[str] = []
     prev = 0
     for k in sorted(at):
-        parts += [haystack[prev : starts[k]], at[k], "\n"]
+        parts += [haystack[prev : starts[k]], *(needle + "\n" for needle in at[k])]
         prev = starts[k]
     parts.append(haystack[prev:])
     return "".join(parts).rstrip()

@@ -158,6 +158,15 @@ def test_per_cell_gives_that_many_distinct_items_per_cell() -> None:
         builtin_suite(per_cell=0)
 
 
+def test_shortest_length_has_every_item_with_its_answer_in_context() -> None:
+    # At 256 tokens a facts haystack has fewer line starts than needles: they share one.
+    items = builtin_suite(lengths=(256,))
+    assert len(items) == 20
+    for item in items:
+        assert item.answer.casefold() in item.context.casefold(), item.id
+        assert len(item.context) <= 256 * CHARS_PER_TOKEN, item.id
+
+
 def test_answer_occurs_once_in_context_outside_the_passkey_needle(suite: list[TaskItem]) -> None:
     for item in suite:
         count = item.context.casefold().count(item.answer.casefold())
