@@ -36,14 +36,20 @@ def quality_table(evals: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def frontier_table(evals: list[dict[str, Any]]) -> str:
-    budgets = sorted({b for e in evals for b in e["heterofold_budget_frontier"]}, key=float)
+def frontier_table(evals: list[dict[str, Any]], method: str = "heterofold") -> str:
+    """Accuracy (median TTFT) against recompute budget for ``method``'s map: heterofold or kv_ridge
+    (whose budget-0 point is the plain ``kv_ridge`` path)."""
+    key = f"{method}_budget_frontier"
+    evals = [e for e in evals if e.get(key)]
+    budgets = sorted({b for e in evals for b in e[key]} | ({"0"} if method == "kv_ridge" else set()), key=float)
     lines = [
         "| direction | native | " + " | ".join(f"budget {b}" for b in budgets) + " |",
         "|---" * (len(budgets) + 2) + "|",
     ]
     for e in evals:
-        f = e["heterofold_budget_frontier"]
+        f = dict(e[key])
+        if method == "kv_ridge" and "kv_ridge" in e["paths"]:
+            f.setdefault("0", e["paths"]["kv_ridge"])
         cells = " | ".join(f"{f[b]['accuracy']:.2f} ({f[b]['ttft_ms']:.0f} ms)" if b in f else "-" for b in budgets)
         native = e["paths"]["native"]
         lines.append(
@@ -64,15 +70,20 @@ def speed_table(benches: list[dict[str, Any]]) -> str:
             f"| {b['sender']} → {b['receiver']} | {b['context_tokens']} | {b['native_ttft_ms']:.0f} | "
             f"{hf.get('ttft_ms', 0):.0f} | {hf.get('speedup_vs_native')}x | {kr.get('ttft_ms', 0):.0f} | "
             f"{b.get('heterofold_speedup_vs_kv_ridge')}x | {krr.get('ttft_ms', '-')} | "
-            f"{b.get('heterofold_speedup_vs_kv_ridge_recompute', '-')}x | {hf.get('align_map_ms')} | "
+            f"{_times(b.get('heterofold_speedup_vs_kv_ridge_recompute'))} | {hf.get('align_map_ms')} | "
             f"{b['memory_floor_ms']} | "
             f"{hf.get('align_map_over_floor')}x |"
         )
     return "\n".join(lines)
 
 
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio}x"
+
+
 def frontier_svg(evals: list[dict[str, Any]], width: int = 640, height: int = 360) -> str:
-    """Accuracy (y) against recompute budget (x), one line per direction; dashed: native."""
+    """Accuracy (y) against recompute budget (x), one line per direction: solid HeteroFold, dotted KV
+    Ridge with the same recompute (where measured), dashed native."""
     left, right, top, bottom = 50, 200, 20, 40
     w, h = width - left - right, height - top - bottom
     budgets = sorted({float(b) for e in evals for b in e["heterofold_budget_frontier"]}) or [0.0, 1.0]
@@ -102,6 +113,11 @@ def frontier_svg(evals: list[dict[str, Any]], width: int = 640, height: int = 36
         pts = sorted((float(b), v["accuracy"]) for b, v in e["heterofold_budget_frontier"].items())
         path = " ".join(f"{x(b):.1f},{y(a):.1f}" for b, a in pts)
         out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        ridge = {float(b): v["accuracy"] for b, v in e.get("kv_ridge_budget_frontier", {}).items()}
+        if ridge and "kv_ridge" in e["paths"]:
+            ridge.setdefault(0.0, e["paths"]["kv_ridge"]["accuracy"])
+            dots = " ".join(f"{x(b):.1f},{y(a):.1f}" for b, a in sorted(ridge.items()))
+            out.append(f'<polyline points="{dots}" fill="none" stroke="{colour}" stroke-dasharray="1 3"/>')
         native = e["paths"]["native"]["accuracy"]
         out.append(
             f'<line x1="{left}" x2="{left + w}" y1="{y(native)}" y2="{y(native)}" '
@@ -111,6 +127,8 @@ def frontier_svg(evals: list[dict[str, Any]], width: int = 640, height: int = 36
             f'<text x="{left + w + 8}" y="{top + 14 * (i + 1)}" fill="{colour}">'
             f"{e['sender'][:8]} → {e['receiver'][:8]}</text>"
         )
+    for i, line in enumerate(("solid: HeteroFold", "dotted: KV Ridge map", "dashed: native")):
+        out.append(f'<text x="{left + w + 8}" y="{top + h - 14 * (2 - i)}" fill="#444">{line}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -124,6 +142,7 @@ def main() -> None:
     print(
         "## Quality\n\n" + quality_table(evals) + "\n\n## Accuracy against recompute budget\n\n" + frontier_table(evals)
     )
+    print("\n## KV Ridge map with the same recompute\n\n" + frontier_table(evals, "kv_ridge"))
     print("\n## Speed\n\n" + speed_table(benches))
     if args.svg:
         args.svg.parent.mkdir(parents=True, exist_ok=True)
