@@ -71,7 +71,8 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
                    settings.auth.admin_key.get_secret_value() if settings.auth.admin_key else None)  # fmt: skip
     metrics = Metrics()
     db = Database(settings.registry_url)
-    store = await asyncio.to_thread(KVStore, settings.store_config())
+    # A configured Redis may come later (chat falls back to native meanwhile); the embedded one must start.
+    store = await asyncio.to_thread(KVStore, settings.store_config(), wait_for_redis=True)
     if pool is None:
         pool = await EnginePool.load(settings.engines, Zoo(settings.cache_dir))
         await pool.warm()

@@ -14,6 +14,10 @@ Contract:
   timeouts). ``load`` and ``checkout`` raise ``PayloadMissing``/``PayloadCorrupt`` for a payload
   that cannot be returned, after removing its handle from the index. Callers turn every
   ``StoreError`` into native prefill.
+- A Redis down at start fails the constructor, unless ``wait_for_redis`` is set and the Redis is a
+  configured one (the embedded server must always start): then ``lookup``, ``put`` and ``ping``
+  raise ``StoreUnavailable`` until it answers, and the first of them that reaches it runs the
+  start's reconciliation before anything else.
 - ``put`` never raises for lack of room or a failing disk: it returns outcome "skipped", an
   ``oom.alert`` is emitted, and the request goes on without caching.
 - One ``KVStore`` per node and data directory: payloads live in this process (CPU), in the
@@ -22,6 +26,7 @@ Contract:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +40,15 @@ from store.connection import connect
 from store.cpu_tier import CpuTier
 from store.device_cache import DeviceCache
 from store.device_tier import DeviceTier
-from store.errors import BadRequest, PayloadCorrupt, PayloadError, PayloadMissing, StoreError, TierUnavailable
+from store.errors import (
+    BadRequest,
+    PayloadCorrupt,
+    PayloadError,
+    PayloadMissing,
+    StoreError,
+    StoreUnavailable,
+    TierUnavailable,
+)
 from store.events import EventLog
 from store.handle import HandleMeta, Match, PutResult
 from store.identity import Scope
@@ -47,6 +60,8 @@ from store.redis_server import EmbeddedRedis
 from store.ssd_tier import SsdTier
 from store.tier import Tier
 
+log = logging.getLogger(__name__)
+
 
 class TierUsage(NamedTuple):
     tier: str
@@ -57,12 +72,15 @@ class TierUsage(NamedTuple):
 
 class KVStore:
     def __init__(
-        self, config: StoreConfig, devices: Sequence[DeviceCache] = (), clock: Callable[[], float] = time.time
-    ) -> None:
+        self, config: StoreConfig, devices: Sequence[DeviceCache] = (), clock: Callable[[], float] = time.time, *,
+        wait_for_redis: bool = False,
+    ) -> None:  # fmt: skip
         self.config = config
         self.clock = clock
         self._lock = RLock()
         self._pins: Counter[str] = Counter()
+        self._reconciled = False
+        self._late = False  # started without Redis: say so when it answers
         keys = Keys(config.key_prefix, config.node)  # validated before a server is started
         self._embedded = EmbeddedRedis(config.data_dir).start() if config.redis_url is None else None
         self.redis_url = self._embedded.url if self._embedded else str(config.redis_url)
@@ -70,7 +88,6 @@ class KVStore:
         self.index = Index(self.client, keys, config.ttl_s)
         self.events = EventLog(self.client, keys.events, config.node, config.events_maxlen, config.ttl_s)
         try:
-            self.index.ping()
             tiers: list[Tier] = [DeviceTier(d, config.device_budget) for d in devices]
             self.cpu = CpuTier(config.cpu_budget)
             tiers.append(self.cpu)
@@ -82,7 +99,13 @@ class KVStore:
                 self.events.emit_quietly("oom.alert", clock(), reason="tier_unavailable", tier="ssd", detail=str(exc))
             self.tiers = tiers
             self.placer = Placer(tiers, self.index, self.events, self.is_pinned, clock, config.high_water)
-            self._reconcile()
+            try:
+                self._connect()
+            except StoreUnavailable as exc:
+                if not wait_for_redis or self._embedded is not None:
+                    raise
+                log.warning("Redis unreachable at start; the store answers StoreUnavailable until it does: %s", exc)
+                self._late = True
         except BaseException:
             self.close()
             raise
@@ -98,11 +121,20 @@ class KVStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def ping(self) -> None:
+        """Raise ``StoreUnavailable`` unless Redis answers; the first answer after a start without
+        Redis also runs the start's reconciliation."""
+        if self._reconciled:
+            self.index.ping()
+        else:
+            self._connect()
+
     def scope(self, fingerprint: str, tenant_salt: str = "") -> Scope:
         return Scope(fingerprint, tenant_salt, self.config.page_size)
 
     def lookup(self, scope: Scope, token_ids: Sequence[int]) -> Match | None:
         """The longest cached page-aligned prefix of ``token_ids`` in ``scope``, or None."""
+        self._connect()
         found = self.index.lookup(scope.key, scope.pages(token_ids))
         return None if found is None else Match(found[0] * scope.page_size, found[1])
 
@@ -120,6 +152,7 @@ class KVStore:
         if not pages:
             return PutResult(handle_id, "skipped", None, 0, "no full-page boundary the value can be cut at")
         with self._lock:
+            self._connect()
             if self.index.exists(handle_id):
                 return PutResult(handle_id, "exists", None, indexed, "")
             for tier in self.tiers:
@@ -251,6 +284,18 @@ class KVStore:
         else:
             new_tier.delete(handle_id)
         self._publish_usage()
+
+    def _connect(self) -> None:
+        """Reconcile once, the first time Redis answers. Raises ``StoreUnavailable`` until then."""
+        if self._reconciled:
+            return
+        with self._lock:  # no put may place a payload while orphans are being deleted
+            if not self._reconciled:
+                self.index.ping()
+                self._reconcile()
+                self._reconciled = True
+                if self._late:
+                    log.warning("Redis reachable: the store is connected")
 
     def _reconcile(self) -> None:
         """At start: drop handles whose payload this node no longer holds (memory tiers of an

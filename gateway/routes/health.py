@@ -25,7 +25,7 @@ async def ready(pool: PoolDep, store: StoreDep, db: DbDep, services: ServicesDep
     checks: dict[str, str] = {"engines": ", ".join(p.name for p in pool) or "none loaded"}
     ok = bool(checks["engines"] != "none loaded")
     try:
-        await asyncio.to_thread(store.index.ping)
+        await asyncio.to_thread(store.ping)
         checks["redis"] = "ok"
     except StoreError as exc:
         checks["redis"], ok = f"unavailable: {exc}", False

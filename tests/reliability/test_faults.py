@@ -23,10 +23,12 @@ from sqlalchemy import create_engine, text
 from engines.loader import LoadedModel
 from engines.local import LocalEngine
 from gateway.engine_pool import EnginePool
+from gateway.services import build_services
 from gateway.settings import StoreSettings
 from heterofold.corpus import stdlib_text
+from store.errors import EmbeddedRedisError
 from store.redis_server import EmbeddedRedis
-from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, GEMMA, SMOL, Gateway
+from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, GEMMA, SMOL, Gateway, make_settings
 from tests.gateway.test_hops import upload
 from tests.reliability.conftest import (
     Messages,
@@ -106,6 +108,54 @@ def test_redis_killed_mid_traffic_answers_every_request_and_recovers_after_resta
         hop_reuses_prefix(gw, "executor", then(third, reply, "Shorter, please."), "conv-1")
     finally:
         redis_server.stop()
+
+
+def test_redis_unreachable_at_start_serves_chat_natively_then_connects_without_a_restart(
+    serve: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    redis_server = EmbeddedRedis(tmp_path / "own-redis")  # not started yet: its port refuses connections
+    try:
+        gw = serve(store=StoreSettings(redis_url=redis_server.url))
+        assert httpx.get(f"{gw.url}/health/live", timeout=30).status_code == 200
+        probe = httpx.get(f"{gw.url}/health/ready", timeout=30)
+        assert probe.status_code == 503 and probe.json()["checks"]["redis"].startswith("unavailable"), probe.text
+        first = opening(90, 900)
+        reply = native(gw, "executor", first)
+        text, hf, cached = answer(chat(gw, "executor", first, "conv-late"))
+        assert (text, hf["path"], hf["fallback"], cached) == (reply, "native", "StoreUnavailable", 0)
+        gw.settle()
+        second = then(first, reply, "Name one function it mentions.")
+        text, hf, cached = answer(chat(gw, "reviewer", second, "conv-late"))  # a transfer needs Redis too
+        assert (text, hf["path"], hf["fallback"], cached) == (native(gw, "reviewer", second), "native",
+                                                              "StoreUnavailable", 0)  # fmt: skip
+        gw.settle()
+        for stage in ("prefix", "transfer"):  # both hops tried both stages
+            assert metric(gw, f'heterofold_transfer_fallbacks_total{{reason="StoreUnavailable",stage="{stage}"}}') == 2
+        assert metric(gw, 'heterofold_kv_puts_total{outcome="error"}') == 2  # neither turn could be stored
+        assert ready(gw) == 503
+
+        redis_server.start()  # Redis answers: the gateway connects, no restart
+        eventually(lambda: ready(gw) == 200, what="ready once Redis answers")
+        eventually(lambda: len([e for e in events(gw, "transfer.fallback") if e["reason"] == "StoreUnavailable"]) == 4,
+                   what="the fallback events kept while Redis was down reach the stream")  # fmt: skip
+        third = then(second, text, "And another one?")
+        text, hf, _ = answer(chat(gw, "executor", third, "conv-late"))
+        assert hf["fallback"] is None and text == native(gw, "executor", third)
+        gw.settle()
+        assert metric(gw, 'heterofold_kv_puts_total{outcome="stored"}') == 1
+        fourth = then(third, text, "Shorter, please.")
+        hop_reuses_prefix(gw, "executor", fourth, "conv-late")
+        gw.settle()
+        _, hf, cached = answer(chat(gw, "reviewer", then(third, text, "Check the answer."), "conv-late"))
+        assert hf["path"] == "transfer" and hf["adapter_version"] == "identity" and cached > 0, hf
+    finally:
+        redis_server.stop()
+
+
+def test_embedded_redis_that_cannot_start_is_still_a_startup_error(tmp_path: Path) -> None:
+    (tmp_path / "store").write_text("")  # a file where the embedded server's folder goes
+    with pytest.raises(EmbeddedRedisError, match="cannot create"):
+        asyncio.run(build_services(make_settings(tmp_path), pool=EnginePool({})))
 
 
 def test_unwritable_ssd_directory_skips_caching_with_an_alert_and_recovers(
