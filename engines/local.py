@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from engines.allocator import tune_allocator
 from engines.base import Completion, Engine, Export, SamplingParams, StreamEvent, Timings, TokenDelta
 from engines.catalog import lookup
 from engines.detok import Detokenizer
@@ -31,6 +32,7 @@ def default_device() -> str:
 
 class LocalEngine(TokenizerText, Engine):
     def __init__(self, loaded: LoadedModel, *, capacity: int = 8) -> None:
+        tune_allocator()  # process-wide, once: fresh large tensors reuse freed memory (engines/allocator.py)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.spec = loaded.spec

@@ -152,12 +152,14 @@ def recompute_sync(engine: LocalEngine, dense: KVCache, positions: Sequence[int]
     with _blocked(engine.model, blocks):
         engine.model(input_ids=ids, position_ids=chosen.to(device)[None], attention_mask=mask, cache=cache,
                      use_cache=True, logits_to_keep=1)  # fmt: skip
+    # The pass appended the n recomputed rows after the T given ones in a buffer of its own: move
+    # them to their positions inside that buffer and keep its first T rows (no copy of the cache).
     keys, values = [], []
-    for layer, k, v in zip(cache.layers, dense.keys, dense.values, strict=True):
-        k2, v2 = k.clone(), v.clone()  # (H, T, D)
-        k2[:, chosen] = layer.keys[0, :, T:].to(k2.device, k2.dtype)
-        v2[:, chosen] = layer.values[0, :, T:].to(v2.device, v2.dtype)
-        keys.append(k2)
-        values.append(v2)
+    for layer, k in zip(cache.layers, dense.keys, strict=True):
+        k2, v2 = layer.keys[0], layer.values[0]  # (H, T + n, D)
+        k2[:, chosen] = k2[:, T:].clone()
+        v2[:, chosen] = v2[:, T:].clone()
+        keys.append(k2[:, :T].to(k.device, k.dtype))
+        values.append(v2[:, :T].to(k.device, k.dtype))
     merged = KVCache(dense.fingerprint, dense.token_ids, dense.positions, tuple(keys), tuple(values), dense.windows)
     return merged.windowed(spec.windows)

@@ -47,11 +47,13 @@ def test_recompute_of_every_token_over_noise_is_native(engine: LocalEngine) -> N
     g = torch.Generator().manual_seed(0)
     noise = tuple(t + torch.randn(t.shape, generator=g) for t in dense.keys)
     noisy = KVCache(dense.fingerprint, dense.token_ids, dense.positions, noise, dense.values, dense.windows)
+    before = [t.clone() for t in noise]
     for positions in (range(len(ids)), range(0, len(ids), 9)):
         start = noisy if len(positions) == len(ids) else dense  # a subset is exact on native KV only
         out = run(engine.recompute(start, list(positions)))
         for a, b in zip(out.keys + out.values, native.keys + native.values, strict=True):
             torch.testing.assert_close(a, b, atol=5e-4, rtol=1e-3)
+    assert all(torch.equal(a, b) for a, b in zip(noise, before, strict=True))  # the given value is not written
 
 
 def _counting(kernel, calls: list[int]):  # type: ignore[no-untyped-def]
