@@ -165,3 +165,20 @@ def test_evaluate_runs_every_path_and_an_identity_transfer_matches_native(load_e
     for path in ("heterofold", "kv_ridge", "kv_ridge_recompute"):  # the identity map is the native cache
         assert paths[path]["accuracy"] == paths["native"]["accuracy"]
         assert paths[path]["first_token_kl"] < 1e-3 and paths[path]["top1_agreement"] == 1.0
+
+
+def test_bench_transfer_times_every_path_from_one_run(load_engine) -> None:  # type: ignore[no-untyped-def]
+    from bench.transfer_bench import bench_transfer
+
+    engine = load_engine("smollm2-135m-instruct")
+    identity = Adapter.identity(Side.of(engine.spec))
+    result = run(
+        bench_transfer(engine, engine, context=512, heterofold=identity, kv_ridge=identity, budget=0.05, repeats=1)
+    )
+    hf, ridge, both = result["heterofold"], result["kv_ridge"], result["kv_ridge_recompute"]
+    assert hf["tokens_recomputed"] == both["tokens_recomputed"] > ridge["tokens_recomputed"]
+    for path in (hf, ridge, both):
+        assert path["ttft_ms"] > 0
+        assert path["speedup_vs_native"] == pytest.approx(result["native_ttft_ms"] / path["ttft_ms"], rel=0.01)
+    assert result["heterofold_speedup_vs_kv_ridge_recompute"] == pytest.approx(both["ttft_ms"] / hf["ttft_ms"], rel=0.01)
+    assert result["memory_floor_ms"] > 0 and result["receiver_bytes_written"] > 0
