@@ -180,5 +180,7 @@ def test_bench_transfer_times_every_path_from_one_run(load_engine) -> None:  # t
     for path in (hf, ridge, both):
         assert path["ttft_ms"] > 0
         assert path["speedup_vs_native"] == pytest.approx(result["native_ttft_ms"] / path["ttft_ms"], rel=0.01)
-    assert result["heterofold_speedup_vs_kv_ridge_recompute"] == pytest.approx(both["ttft_ms"] / hf["ttft_ms"], rel=0.01)
+    assert result["heterofold_speedup_vs_kv_ridge_recompute"] == pytest.approx(
+        both["ttft_ms"] / hf["ttft_ms"], rel=0.01
+    )
     assert result["memory_floor_ms"] > 0 and result["receiver_bytes_written"] > 0
