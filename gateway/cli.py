@@ -345,7 +345,9 @@ def eval_cmd(
     data: Annotated[str, typer.Option(help="JSONL file of {id, context, question, answer}, or `builtin`.")],
     adapter: Annotated[Path | None, typer.Option(help="HeteroFold adapter folder.")] = None,
     ridge: Annotated[Path | None, typer.Option(help="KV Ridge adapter folder.")] = None,
-    budget: Annotated[float, typer.Option(min=0.0, max=1.0, help="Recompute budget of the heterofold path.")] = 0.1,
+    budget: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Headline recompute budget (BENCHMARKS.md recommends 0.02).")
+    ] = 0.02,
     lengths: Annotated[
         str, typer.Option(help="Builtin suite context lengths, comma separated.")
     ] = "512,1024,2048,4096",
