@@ -20,15 +20,15 @@ def _load(folder: Path, prefix: str) -> list[dict[str, Any]]:
 
 
 def _evals(folder: Path) -> list[dict[str, Any]]:
-    """One evaluation per direction: of the ``eval*_*.json`` files, the one with the most items, and
-    among those the one that also ran KV Ridge with recompute (the newer format)."""
+    """One evaluation per direction: of the ``eval*_*.json`` files, those that also ran KV Ridge with
+    recompute (the newer format) if any, and of those the one with the most items."""
     best: dict[tuple[str, str], dict[str, Any]] = {}
     for p in sorted(folder.glob("eval*_*.json")):
         e = json.loads(p.read_text())
         key = (e["sender"], e["receiver"])
-        rank = (e["items"], bool(e.get("kv_ridge_budget_frontier")))
+        rank = (bool(e.get("kv_ridge_budget_frontier")), e["items"])
         old = best.get(key)
-        if old is None or rank > (old["items"], bool(old.get("kv_ridge_budget_frontier"))):
+        if old is None or rank > (bool(old.get("kv_ridge_budget_frontier")), old["items"]):
             best[key] = e
     return [best[k] for k in sorted(best)]
 
@@ -139,7 +139,7 @@ def frontier_svg(evals: list[dict[str, Any]], width: int = 640, height: int = 36
         )
         out.append(
             f'<text x="{left + w + 8}" y="{top + 14 * (i + 1)}" fill="{colour}">'
-            f"{e['sender'][:8]} → {e['receiver'][:8]}</text>"
+            f"{e['sender'].split('-')[0]} → {e['receiver'].split('-')[0]}</text>"
         )
     for i, line in enumerate(("solid: HeteroFold", "dotted: KV Ridge map", "dashed: native")):
         out.append(f'<text x="{left + w + 8}" y="{top + h - 14 * (2 - i)}" fill="#444">{line}</text>')
