@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces BENCHMARKS.md: fit both adapters for every direction, evaluate, benchmark speed.
 # Usage: bench/results.sh [LENGTHS] [CONTEXTS]   e.g. bench/results.sh 1024 "1024 2048 4096"
-# Everything lands under artifacts/ (adapters, JSON results). On the 2-core CPU: fits 2-9 minutes
+# Everything lands under artifacts/ (adapters, JSON results). On the 2-core CPU: fits 1-9 minutes
 # per adapter, a 20-item evaluation 10-17 minutes, the speed runs 1-2 minutes per context.
 set -euo pipefail
 cd "$(dirname "$0")/.."
