@@ -1,7 +1,10 @@
 """The built-in evaluation suite: seeded synthetic long-context tasks over a stdlib-docstring haystack.
 
-Four kinds, each at every length in ``lengths`` and in five variants, ``per_cell`` items per
-(kind, length, variant). The default (4 lengths, ``per_cell=1``) is 4 x 4 x 5 = 80 items, 20 per kind.
+Nine kinds (``KINDS``), each at every length in ``lengths`` and in five variants, ``per_cell`` items
+per (kind, length, variant). The default (4 lengths, ``per_cell=1``) is 9 x 4 x 5 = 180 items, 20 per
+kind; ``kinds=`` picks some of them.
+
+Lexical kinds: the question repeats the words of the one sentence that answers it.
 
 - ``passkey``: "The pass key is 48213. Remember it. 48213 is the pass key." on a line of its own at
   depth 10, 30, 50, 70 or 90% (variants ``d10`` .. ``d90``); the answer is the 5-digit key.
@@ -15,28 +18,59 @@ Four kinds, each at every length in ``lengths`` and in five variants, ``per_cell
   later turns quote stdlib docstrings as documents. The variant names the fact asked as the hop's
   new message: ``destination``, ``budget``, ``venue``, ``guests`` or ``contact``.
 
-Ids read ``{kind}-{length}-{variant}-{index}``, e.g. ``passkey-1024-d50-0``.
+Whole-context kinds (``heterofold.suite_kinds``): quoting the sentence that best matches the
+question is not enough.
+
+- ``paraphrase``: three needles of three templates, e.g. "To open the strongbox, enter 34344.",
+  "The sofa was painted navy.", "The ferry departs at 13:25."; the question names the asked
+  object by a synonym ("What is the code for the safe?") and shares no content-word stem
+  (``heterofold.select``'s stemmer) with any needle. (With 3-4 same-template distractors neither
+  tiny receiver answered natively.) The asked needle sits at the variant's depth (``d10`` ..
+  ``d90``), the distractors at random depths.
+  Answers are 5-digit codes, colours, full names or clock times ("14:35").
+- ``update``: a fact ("The quarterly review is scheduled for Tuesday."), then its change ("Change
+  of plan: the quarterly review is now scheduled for Friday.") at the variant's depth D; the first
+  statement sits at depth max(0, D - 0.5), so at the very start for ``d10`` and ``d30`` and half the
+  context earlier otherwise. One or two other topics are stated once, at random depths. The answer
+  is the new value; the old one is in the context too.
+- ``chain``: "Amara Drummond's cousin is Priya Holloway." and "Priya Holloway lives in Tbilisi.";
+  the question ("In which city does Amara Drummond's cousin live?") needs both. The second hop sits
+  at the variant's depth D, the first at D + 0.5 (``d10``, ``d30``: after it) or D - 0.5 (before
+  it), so at least 30% of the context apart. Distractors: the asker's other relation and where that
+  person lives, and another person with the same relation and where that one lives.
+- ``summary`` and ``continue``: fidelity kinds (``TaskItem.metric == "fidelity"``, answer ``""``),
+  scored elsewhere by how close the receiver's next-token distributions stay to native's over
+  native's whole answer. ``summary`` is a docstring run with "Summarize the document in three
+  sentences."; ``continue`` is a docstring run that stops mid-line, after a word that does not end a
+  sentence, with "Continue the text from where it stops.". Variants ``v0`` .. ``v4`` start at a
+  random line or sentence start in each fifth of the corpus, so that they never coincide.
+
+Ids read ``{kind}-{length}-{variant}-{index}``, e.g. ``passkey-1024-d50-0``. ``LOOKUP_KINDS`` are
+the kinds scored by their answer, ``FIDELITY_KINDS`` the others.
 
 Lengths are targets in tokens, turned into characters at ``CHARS_PER_TOKEN = 4`` (a rule of thumb
 for English with BPE tokenizers; docstrings with code run denser, so real token counts come out
-somewhat above the target). Every context is at most the target and at least 90% of it, in characters.
+somewhat above the target). Every context is at most the target and at least 90% of it, in
+characters (from 512 tokens on: at 256 a ``handoff`` transcript may fall short).
 
 Every answer, case-folded, occurs in the context only inside its own needle (once; twice in the
 passkey needle), never in another needle or the haystack, and never in the question. Values that
 break this are drawn again.
 
 Each item comes from its own ``random.Random`` seeded by (seed, kind, length, variant, index), so an
-item does not depend on which lengths were asked. The haystack is the running Python's stdlib
-(``heterofold.corpus``): the same seed gives the same suite on the same Python version.
+item does not depend on which lengths or kinds were asked. The haystack is the running Python's
+stdlib (``heterofold.corpus``): the same seed gives the same suite on the same Python version.
 """
 
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Callable
+from typing import NamedTuple
 
+from heterofold import suite_kinds
 from heterofold.corpus import stdlib_docstrings
+from heterofold.suite_text import CITIES, FIRST_NAMES, SURNAMES, clip, depth, people, scatter
 from heterofold.tasks import TaskItem
 
 CHARS_PER_TOKEN = 4
@@ -45,19 +79,6 @@ DEPTHS = ("d10", "d30", "d50", "d70", "d90")
 HANDOFF_FACTS = ("destination", "budget", "venue", "guests", "contact")
 _ATTEMPTS = 100
 
-FIRST_NAMES = (
-    "Amara", "Bartholomew", "Chiara", "Dmitri", "Elif", "Fergus", "Haruto", "Ingrid", "Joaquín", "Kalani",
-    "Leopold", "Mireille", "Nnamdi", "Oksana", "Priya", "Quentin", "Rosalind", "Søren", "Tamsin", "Zoë",
-)  # fmt: skip
-SURNAMES = (
-    "Abernathy", "Brannigan", "Castellanos", "Drummond", "Eriksdottir", "Fairweather", "Grimaldi", "Holloway",
-    "Ishikawa", "Kowalczyk", "Lindqvist", "Montgomery", "Nakamura", "Okonkwo", "Pemberton", "Quarshie",
-    "Rasmussen", "Thackeray", "Whitlock", "Yilmaz",
-)  # fmt: skip
-CITIES = (
-    "Valparaiso", "Tromso", "Montevideo", "Nairobi", "Tbilisi", "Ljubljana", "Ushuaia", "Marrakesh", "Cusco",
-    "Zanzibar", "Reykjavik", "Hobart", "Antofagasta", "Bratislava", "Kathmandu", "Windhoek", "Yerevan", "Tallinn",
-)  # fmt: skip
 JOBS = (
     "cartographer", "beekeeper", "glassblower", "locksmith", "violinist", "blacksmith", "perfumer", "falconer",
     "puppeteer", "stonemason", "luthier", "archivist", "sommelier", "milliner", "astronomer", "upholsterer",
@@ -90,27 +111,42 @@ PERSON_FACTS = {
     "pet": (PETS, "{name} has a pet {value}.", "What kind of pet does {name} have?"),
 }
 
-# A maker draws (context, question, answer, copies of the answer in its needle) for a target size in characters.
+# A maker draws (context, question, answer, copies of the answer in its needle) for a target size in characters;
+# a fidelity kind's maker gives the answer "" and 0 copies.
 Maker = Callable[[random.Random, list[str], int, str], tuple[str, str, str, int]]
 
 
 def builtin_suite(
-    *, seed: int = 0, lengths: tuple[int, ...] = (512, 1024, 2048, 4096), per_cell: int = 1
+    *,
+    seed: int = 0,
+    lengths: tuple[int, ...] = (512, 1024, 2048, 4096),
+    per_cell: int = 1,
+    kinds: tuple[str, ...] | None = None,
 ) -> list[TaskItem]:
-    """The built-in items, grouped by kind, then length, then variant (see the module docstring)."""
+    """The built-in items (module docstring), grouped by kind in the order of ``KINDS``, then length, then variant.
+
+    ``kinds`` names the kinds to make, None for all; the order it names them in does not matter.
+    Raises ``ValueError`` for an unknown kind, a ``per_cell`` below 1 or a length below 256 tokens.
+    """
     if per_cell < 1:
         raise ValueError(f"per_cell must be at least 1, got {per_cell}")
     if any(length < 256 for length in lengths):
         raise ValueError(f"lengths must be at least 256 tokens, got {lengths}")
+    unknown = sorted(set(kinds or ()) - set(KINDS))
+    if unknown:
+        raise ValueError(f"unknown task kinds {unknown}; known: {', '.join(KINDS)}")
     docs = stdlib_docstrings()
     items = []
-    for kind, (variants, make) in KINDS.items():
+    for name, kind in KINDS.items():
+        if kinds is not None and name not in kinds:
+            continue
         for length in lengths:
-            for variant in variants:
+            for variant in kind.variants:
                 for index in range(per_cell):
-                    rng = random.Random(f"{seed}/{kind}/{length}/{variant}/{index}")
-                    context, question, answer = _draw(make, rng, docs, length * CHARS_PER_TOKEN, variant)
-                    items.append(TaskItem(f"{kind}-{length}-{variant}-{index}", context, question, answer, kind))
+                    rng = random.Random(f"{seed}/{name}/{length}/{variant}/{index}")
+                    context, question, answer = _draw(kind.make, rng, docs, length * CHARS_PER_TOKEN, variant)
+                    item_id = f"{name}-{length}-{variant}-{index}"
+                    items.append(TaskItem(item_id, context, question, answer, name, kind.metric))
     return items
 
 
@@ -118,6 +154,8 @@ def _draw(make: Maker, rng: random.Random, docs: list[str], n_chars: int, varian
     for _ in range(_ATTEMPTS):
         context, question, answer, copies = make(rng, docs, n_chars, variant)
         key = answer.casefold()
+        if not key:  # a fidelity item: no answer to keep unique
+            return context, question, answer
         if context.casefold().count(key) == copies and key not in question.casefold():
             return context, question, answer
     raise RuntimeError(f"no unique answer after {_ATTEMPTS} draws ({make.__name__}, {variant})")
@@ -126,7 +164,7 @@ def _draw(make: Maker, rng: random.Random, docs: list[str], n_chars: int, varian
 def _passkey(rng: random.Random, docs: list[str], n_chars: int, variant: str) -> tuple[str, str, str, int]:
     key = str(rng.randint(10000, 99999))
     needle = f"The pass key is {key}. Remember it. {key} is the pass key."
-    return _scatter(rng, docs, n_chars, [(_depth(variant), needle)]), "What is the pass key?", key, 2
+    return scatter(rng, docs, n_chars, [(depth(variant), needle)]), "What is the pass key?", key, 2
 
 
 def _multikey(rng: random.Random, docs: list[str], n_chars: int, variant: str) -> tuple[str, str, str, int]:
@@ -138,12 +176,12 @@ def _multikey(rng: random.Random, docs: list[str], n_chars: int, variant: str) -
         needles.append(f"The {what} for the {adj} {place} is {value}.")
         questions.append(f"What is the {what} for the {adj} {place}?")
         answers.append(value)
-    placed = [(_depth(variant), needles[0])] + [(rng.uniform(0.05, 0.95), n) for n in needles[1:]]
-    return _scatter(rng, docs, n_chars, placed), questions[0], answers[0], 1
+    placed = [(depth(variant), needles[0])] + [(rng.uniform(0.05, 0.95), n) for n in needles[1:]]
+    return scatter(rng, docs, n_chars, placed), questions[0], answers[0], 1
 
 
 def _facts(rng: random.Random, docs: list[str], n_chars: int, variant: str) -> tuple[str, str, str, int]:
-    names = [f"{first} {last}" for first, last in zip(rng.sample(FIRST_NAMES, 3), rng.sample(SURNAMES, 3), strict=True)]
+    names = people(rng, 3)
     drawn = {attr: rng.sample(values, len(names)) for attr, (values, _, _) in PERSON_FACTS.items()}
     asked = rng.choice(list(PERSON_FACTS))
     sentences = {
@@ -152,9 +190,9 @@ def _facts(rng: random.Random, docs: list[str], n_chars: int, variant: str) -> t
         for attr, (_, fact, _) in PERSON_FACTS.items()
     }
     target = sentences.pop((0, asked))
-    placed = [(_depth(variant), target)] + [(rng.uniform(0.05, 0.95), s) for s in sentences.values()]
+    placed = [(depth(variant), target)] + [(rng.uniform(0.05, 0.95), s) for s in sentences.values()]
     question = PERSON_FACTS[asked][2].format(name=names[0])
-    return _scatter(rng, docs, n_chars, placed), question, drawn[asked][0], 1
+    return scatter(rng, docs, n_chars, placed), question, drawn[asked][0], 1
 
 
 def _handoff(rng: random.Random, docs: list[str], n_chars: int, variant: str) -> tuple[str, str, str, int]:
@@ -187,7 +225,7 @@ def _handoff(rng: random.Random, docs: list[str], n_chars: int, variant: str) ->
         room = n_chars - len(context) - len(frame)
         if room < 40:
             break
-        doc = _clip(docs[(start + k) % len(docs)], room)
+        doc = clip(docs[(start + k) % len(docs)], room)
         context += f'\nUser: {lead}\n"""\n{doc}\n"""\nAssistant: {ack}'
     answer, _, question = facts[variant]
     return context, question, answer, 1
@@ -205,55 +243,25 @@ _DOC_ACKS = (
     "Thanks, I have read it.", "Read it. Nothing in it changes the plan so far.", "Noted; I will keep it in mind.",
 )  # fmt: skip
 
-KINDS: dict[str, tuple[tuple[str, ...], Maker]] = {
-    "passkey": (DEPTHS, _passkey),
-    "multikey": (DEPTHS, _multikey),
-    "facts": (DEPTHS, _facts),
-    "handoff": (HANDOFF_FACTS, _handoff),
+
+class Kind(NamedTuple):
+    """A task kind: its variants, the maker of one item, and how its items are scored (``TaskItem.metric``)."""
+
+    variants: tuple[str, ...]
+    make: Maker
+    metric: str = "answer"
+
+
+KINDS: dict[str, Kind] = {
+    "passkey": Kind(DEPTHS, _passkey),
+    "multikey": Kind(DEPTHS, _multikey),
+    "facts": Kind(DEPTHS, _facts),
+    "handoff": Kind(HANDOFF_FACTS, _handoff),
+    "paraphrase": Kind(DEPTHS, suite_kinds.paraphrase),
+    "update": Kind(DEPTHS, suite_kinds.update),
+    "chain": Kind(DEPTHS, suite_kinds.chain),
+    "summary": Kind(suite_kinds.FIDELITY_VARIANTS, suite_kinds.summary, "fidelity"),
+    "continue": Kind(suite_kinds.FIDELITY_VARIANTS, suite_kinds.continue_, "fidelity"),
 }
-
-
-def _depth(variant: str) -> float:
-    return int(variant.removeprefix("d")) / 100
-
-
-def _scatter(rng: random.Random, docs: list[str], n_chars: int, placed: list[tuple[float, str]]) -> str:
-    """A haystack of ``n_chars`` in all with each needle on a line of its own at its depth (0..1).
-
-    Needles go at line starts of the haystack, the nearest free one to each depth, in list order.
-    A short haystack may have fewer line starts than needles: the rest then share the nearest one.
-    """
-    haystack = _haystack(rng, docs, n_chars - sum(len(needle) + 1 for _, needle in placed))
-    starts = [0] + [m.end() for m in re.finditer("\n", haystack)]
-    at: dict[int, list[str]] = {}
-    for depth, needle in placed:
-        near = sorted(range(len(starts)), key=lambda k: abs(starts[k] - depth * len(haystack)))
-        k = next((k for k in near if k not in at), near[0])
-        at.setdefault(k, []).append(needle)
-    parts: list[str] = []
-    prev = 0
-    for k in sorted(at):
-        parts += [haystack[prev : starts[k]], *(needle + "\n" for needle in at[k])]
-        prev = starts[k]
-    parts.append(haystack[prev:])
-    return "".join(parts).rstrip()
-
-
-def _haystack(rng: random.Random, docs: list[str], n_chars: int) -> str:
-    """Consecutive docstrings from a random one on, joined by blank lines, clipped to ``n_chars``."""
-    start, total = rng.randrange(len(docs)), 0
-    parts: list[str] = []
-    while total < n_chars:
-        parts.append(docs[(start + len(parts)) % len(docs)])
-        total += len(parts[-1]) + 2
-    return _clip("\n\n".join(parts), n_chars)
-
-
-def _clip(text: str, n_chars: int) -> str:
-    """``text`` cut to at most ``n_chars``, at a line end if one is near, else at a space."""
-    if len(text) <= n_chars:
-        return text
-    cut = text.rfind("\n", 0, n_chars + 1)
-    if cut < n_chars - 120:
-        cut = text.rfind(" ", 0, n_chars + 1)
-    return text[: cut if cut > 0 else n_chars].rstrip()
+LOOKUP_KINDS = tuple(name for name, kind in KINDS.items() if kind.metric == "answer")
+FIDELITY_KINDS = tuple(name for name, kind in KINDS.items() if kind.metric == "fidelity")

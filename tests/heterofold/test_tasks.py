@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from heterofold.errors import HeteroFoldError, TaskFormatError
-from heterofold.suite import CHARS_PER_TOKEN, DEPTHS, HANDOFF_FACTS, KINDS, builtin_suite
+from heterofold.suite import CHARS_PER_TOKEN, DEPTHS, FIDELITY_KINDS, HANDOFF_FACTS, KINDS, LOOKUP_KINDS, builtin_suite
+from heterofold.suite_kinds import FIDELITY_VARIANTS
 from heterofold.tasks import TaskItem, is_correct, load_jsonl, save_jsonl
 
 LENGTHS = (512, 1024, 2048, 4096)
@@ -57,6 +58,9 @@ BAD_ROWS = {
     "null-context": row(context=None),
     "number-kind": row(kind=3),
     "blank-answer": row(answer="  "),
+    "blank-answer-of-answer-metric": row(answer="", metric="answer"),
+    "unknown-metric": row(metric="kl"),
+    "number-metric": row(metric=1),
     "blank-id": row(id=""),
 }
 
@@ -98,7 +102,31 @@ def test_save_refuses_what_load_would_refuse_and_writes_nothing(tmp_path: Path) 
         save_jsonl([TaskItem("a", "c", "q", "1"), TaskItem("a", "c", "q", "2")], path)
     with pytest.raises(TaskFormatError, match="'answer' is blank"):
         save_jsonl([TaskItem("a", "c", "q", " ")], path)
+    with pytest.raises(TaskFormatError, match="'metric' must be one of answer, fidelity, got 'kl'"):
+        save_jsonl([TaskItem("a", "c", "q", "", metric="kl")], path)
     assert not path.exists()
+
+
+def test_unknown_metric_is_refused_naming_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(row(id="a", metric="fidelity", answer="") + "\n" + row(id="b", metric="Fidelity"), encoding="utf-8")
+    with pytest.raises(TaskFormatError, match=re.escape(f"{path}:2: field 'metric' must be one of answer, fidelity")):
+        load_jsonl(path)
+
+
+def test_fidelity_items_round_trip_with_a_blank_answer_and_answer_items_omit_the_metric(tmp_path: Path) -> None:
+    items = [
+        TaskItem("s", "some document", "Summarize the document in three sentences.", "", "summary", "fidelity"),
+        TaskItem("f", "c", "q", "kept", metric="fidelity"),
+        TaskItem("a", "c", "q", "48213", "passkey"),
+    ]
+    path = tmp_path / "tasks.jsonl"
+    save_jsonl(items, path)
+    assert load_jsonl(path) == items
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert [r.get("metric") for r in rows] == ["fidelity", "fidelity", None] and rows[0]["answer"] == ""
+    path.write_text(row(answer="", metric="fidelity") + "\n", encoding="utf-8")
+    assert load_jsonl(path) == [TaskItem("x", "c", "q", "", metric="fidelity")]
 
 
 def test_builtin_suite_survives_a_file_round_trip(tmp_path: Path, suite: list[TaskItem]) -> None:
@@ -143,17 +171,22 @@ def test_items_do_not_depend_on_which_lengths_are_asked(suite: list[TaskItem]) -
 
 
 def test_default_suite_has_every_kind_and_variant_at_every_length(suite: list[TaskItem]) -> None:
-    variants = {"passkey": DEPTHS, "multikey": DEPTHS, "facts": DEPTHS, "handoff": HANDOFF_FACTS}
-    assert set(KINDS) == set(variants)
+    variants = {"passkey": DEPTHS, "multikey": DEPTHS, "facts": DEPTHS, "handoff": HANDOFF_FACTS,
+                "paraphrase": DEPTHS, "update": DEPTHS, "chain": DEPTHS,
+                "summary": FIDELITY_VARIANTS, "continue": FIDELITY_VARIANTS}  # fmt: skip
+    assert list(KINDS) == list(variants)
     expected = [f"{kind}-{n}-{v}-0" for kind, vs in variants.items() for n in LENGTHS for v in vs]
-    assert [item.id for item in suite] == expected and len(suite) == 80
+    assert [item.id for item in suite] == expected and len(suite) == 180
     assert all(item.kind == item.id.split("-")[0] for item in suite)
+    assert LOOKUP_KINDS == ("passkey", "multikey", "facts", "handoff", "paraphrase", "update", "chain")
+    assert FIDELITY_KINDS == ("summary", "continue")
+    assert all(item.metric == ("fidelity" if item.kind in FIDELITY_KINDS else "answer") for item in suite)
 
 
 def test_per_cell_gives_that_many_distinct_items_per_cell() -> None:
     items = builtin_suite(lengths=(512,), per_cell=2)
-    assert len(items) == 40 and {item.id[-2:] for item in items} == {"-0", "-1"}
-    assert len({item.context for item in items}) == 40
+    assert len(items) == 90 and {item.id[-2:] for item in items} == {"-0", "-1"}
+    assert len({item.context for item in items}) == 90
     with pytest.raises(ValueError):
         builtin_suite(per_cell=0)
 
@@ -161,14 +194,15 @@ def test_per_cell_gives_that_many_distinct_items_per_cell() -> None:
 def test_shortest_length_has_every_item_with_its_answer_in_context() -> None:
     # At 256 tokens a facts haystack has fewer line starts than needles: they share one.
     items = builtin_suite(lengths=(256,))
-    assert len(items) == 20
+    assert len(items) == 45
     for item in items:
         assert item.answer.casefold() in item.context.casefold(), item.id
+        assert bool(item.answer) == (item.metric == "answer"), item.id
         assert len(item.context) <= 256 * CHARS_PER_TOKEN, item.id
 
 
 def test_answer_occurs_once_in_context_outside_the_passkey_needle(suite: list[TaskItem]) -> None:
-    for item in suite:
+    for item in (item for item in suite if item.metric == "answer"):
         count = item.context.casefold().count(item.answer.casefold())
         if item.kind == "passkey":
             assert count == 2, item.id
@@ -178,7 +212,7 @@ def test_answer_occurs_once_in_context_outside_the_passkey_needle(suite: list[Ta
 
 
 def test_answer_is_not_in_the_question(suite: list[TaskItem]) -> None:
-    for item in suite:
+    for item in (item for item in suite if item.metric == "answer"):
         assert item.answer.casefold() not in item.question.casefold(), item.id
 
 
@@ -195,16 +229,16 @@ def test_context_fits_its_target_length(suite: list[TaskItem]) -> None:
 
 
 def test_asked_needle_sits_at_its_depth(suite: list[TaskItem]) -> None:
-    for item in suite:
-        if item.kind == "handoff":
-            continue
+    # The new kinds place 4-7 longer sentences, which shift the asked one a little further at 512 tokens.
+    tolerance = {"passkey": 0.05, "multikey": 0.05, "facts": 0.05, "paraphrase": 0.05, "update": 0.1, "chain": 0.1}
+    for item in (item for item in suite if item.kind in tolerance):
         depth = int(item.id.split("-")[2].removeprefix("d")) / 100
         position = item.context.find(item.answer) / len(item.context)
-        assert abs(position - depth) < 0.05, (item.id, position)
+        assert abs(position - depth) < tolerance[item.kind], (item.id, position)
 
 
 def test_needles_sit_on_lines_of_their_own(suite: list[TaskItem]) -> None:
-    for item in suite:
+    for item in (item for item in suite if item.kind in (*NEEDLES, "handoff")):
         line = next(line for line in item.context.splitlines() if item.answer in line)
         if item.kind == "handoff":
             assert line.startswith("User: ") and line.endswith("."), item.id
