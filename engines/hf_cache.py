@@ -50,8 +50,8 @@ def import_kv(kv: KVCache, model_config: Any, spec: ModelSpec, device: torch.dev
         raise KVMismatch(f"KV value from model {kv.fingerprint[:12]}, this engine runs {spec.fingerprint[:12]}")
     if kv.windows != spec.windows:
         raise KVMismatch(f"KV layer windows {kv.windows} differ from the model's {spec.windows}")
-    if not torch.equal(kv.positions, torch.arange(kv.num_tokens)):
-        raise KVMismatch("KV positions are not 0..T-1; the engine continues contiguous sequences only")
+    if kv.num_tokens and (int(kv.positions[0]) < 0 or bool((kv.positions[1:] <= kv.positions[:-1]).any())):
+        raise KVMismatch("KV positions must be non-negative and strictly increasing")
     cache: Any = DynamicCache(config=model_config)
     if len(cache.layers) != kv.num_layers:
         raise KVMismatch(f"KV has {kv.num_layers} layers, the model {len(cache.layers)}")

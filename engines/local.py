@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+from transformers import DynamicCache
 
 from engines.allocator import tune_allocator
 from engines.base import Completion, Engine, Export, SamplingParams, StreamEvent, Timings, TokenDelta
@@ -23,6 +25,7 @@ from engines.worker import Worker
 from engines.zoo import Zoo
 from heterofold.kv import KVCache
 
+R = TypeVar("R")
 Emit = Callable[[StreamEvent | BaseException], None]
 
 
@@ -34,6 +37,7 @@ class LocalEngine(TokenizerText, Engine):
     def __init__(self, loaded: LoadedModel, *, capacity: int = 8) -> None:
         tune_allocator()  # process-wide, once: fresh large tensors reuse freed memory (engines/allocator.py)
         self.model = loaded.model
+        self.model.requires_grad_(False)  # frozen: fits take gradients of their own tensors only
         self.tokenizer = loaded.tokenizer
         self.spec = loaded.spec
         self.load_s = loaded.load_s
@@ -60,6 +64,17 @@ class LocalEngine(TokenizerText, Engine):
     ) -> tuple[KVCache, Timings]:
         t_submit = time.perf_counter()
         return await self._worker.submit(lambda: self._prefill_sync(list(ids), past, t_submit, dense))
+
+    async def prefill_at(self, ids: Sequence[int], positions: Sequence[int]) -> KVCache:
+        """Native prefill of ``ids`` at the RoPE ``positions`` given (strictly increasing): each
+        token sees only the earlier ones of ``ids``, every other position is absent. The value keeps
+        those positions; continuing from it puts the next token at ``positions[-1] + 1``."""
+        return await self._worker.submit(lambda: self._prefill_at_sync(list(ids), list(positions)))
+
+    async def run_exclusive(self, fn: Callable[[], R]) -> R:
+        """Run ``fn`` on the engine's worker thread, one job among the others (a fit's passes
+        with gradients use ``self.model`` there, never concurrently with a request)."""
+        return await self._worker.submit(fn)
 
     async def recompute(self, dense: KVCache, positions: Sequence[int]) -> KVCache:
         return await self._worker.submit(lambda: recompute_sync(self, dense, positions))
@@ -122,10 +137,11 @@ class LocalEngine(TokenizerText, Engine):
                 f"{self.spec.name}'s context of {self.spec.max_positions} tokens"
             )
 
-    def _start(self, ids: list[int], past: KVCache | None) -> tuple[Any, int]:
-        """A cache to continue from and how many of ``ids`` it covers (always fewer than all)."""
+    def _start(self, ids: list[int], past: KVCache | None) -> tuple[Any, int, int]:
+        """A cache to continue from, how many of ``ids`` it covers (always fewer than all), and the
+        RoPE position of the first id it does not cover."""
         if past is None or past.num_tokens == 0:
-            return None, 0
+            return None, 0, 0
         n = past.num_tokens
         if n > len(ids) or past.token_ids.tolist() != ids[:n]:
             raise KVMismatch(f"the KV value's {n} tokens are not a prefix of the {len(ids)} prompt tokens")
@@ -134,12 +150,19 @@ class LocalEngine(TokenizerText, Engine):
                 raise KVMismatch("the KV value covers the whole prompt and cannot be cut back by one token")
             past, n = past.truncate(n - 1), n - 1
         cache = import_kv(past, self.model.config, self.spec, self.device, self.dtype)
-        return cache, n
+        return cache, n, int(past.positions[-1]) + 1
 
     def _forward(self, ids: list[int], cache: Any, start: int, keep: int = 1) -> tuple[torch.Tensor, Any]:
         """Run ``ids`` at positions ``start..``; returns the last ``keep`` logits (0 = all) and cache."""
+        return self._forward_at(ids, cache, torch.arange(start, start + len(ids)), keep)
+
+    def _forward_at(
+        self, ids: list[int], cache: Any, positions: torch.Tensor, keep: int = 1
+    ) -> tuple[torch.Tensor, Any]:
         x = torch.tensor([ids], device=self.device)  # (1, T)
-        pos = torch.arange(start, start + len(ids), device=self.device)[None]  # (1, T)
+        pos = positions.to(self.device)[None]  # (1, T)
+        if cache is None:  # an explicit cache: masks follow cache indices, never packed-sequence guesses
+            cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=x, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0].float(), out.cache  # (keep or T, vocab)
 
@@ -151,11 +174,11 @@ class LocalEngine(TokenizerText, Engine):
         t0 = time.perf_counter()
         if dense and past is not None:
             raise KVMismatch("a dense prefill starts from scratch; it takes no past")
-        cache, start = self._start(ids, past)
+        cache, start, at = self._start(ids, past)
         if dense:
             cache = dense_cache(self.model.config)
-        _, cache = self._forward(ids[start:], cache, start)
-        kv = export_kv(cache, torch.tensor(ids), self.spec, dense=dense)
+        _, cache = self._forward(ids[start:], cache, at)
+        kv = _at(export_kv(cache, torch.tensor(ids), self.spec, dense=dense), past, at - start)
         t1 = time.perf_counter()
         ms = (t1 - t0) * 1000
         timings = Timings(len(ids), start, (t0 - t_submit) * 1000, ms, (t1 - t_submit) * 1000)
@@ -164,9 +187,21 @@ class LocalEngine(TokenizerText, Engine):
     @torch.inference_mode()
     def _score_sync(self, ids: list[int], past: KVCache | None) -> torch.Tensor:
         self._check_length(len(ids))
-        cache, start = self._start(ids, past)
-        logits, _ = self._forward(ids[start:], cache, start, keep=0)
+        cache, start, at = self._start(ids, past)
+        logits, _ = self._forward(ids[start:], cache, at, keep=0)
         return logits.cpu()
+
+    @torch.inference_mode()
+    def _prefill_at_sync(self, ids: list[int], positions: list[int]) -> KVCache:
+        self._check_length(len(ids))
+        pos = torch.tensor(positions, dtype=torch.int64)
+        if pos.shape != (len(ids),) or bool((pos[1:] <= pos[:-1]).any()) or int(pos[0]) < 0:
+            raise KVMismatch("prefill_at needs one strictly increasing, non-negative position per token")
+        if int(pos[-1]) >= self.spec.max_positions:
+            raise PromptTooLong(f"position {int(pos[-1])} is past {self.spec.name}'s context")
+        _, cache = self._forward_at(ids, None, pos)
+        kv = export_kv(cache, torch.tensor(ids), self.spec)
+        return dataclasses.replace(kv, positions=pos)
 
     @torch.inference_mode()
     def _generate_sync(
@@ -181,11 +216,12 @@ class LocalEngine(TokenizerText, Engine):
     ) -> None:
         t0 = time.perf_counter()
         timings = Timings(prompt_tokens=len(ids), queue_ms=(t0 - t_submit) * 1000)
-        cache, start = self._start(ids, past)
+        cache, start, at = self._start(ids, past)
         timings.cached_tokens = start
-        logits, cache = self._forward(ids[start:], cache, start)
+        shift = at - start  # RoPE position minus index: 0 unless the past is sparse (prefill_at)
+        logits, cache = self._forward(ids[start:], cache, at)
         timings.prefill_ms = (time.perf_counter() - t0) * 1000
-        kv = export_kv(cache, torch.tensor(ids), self.spec) if export == "prompt" else None
+        kv = _at(export_kv(cache, torch.tensor(ids), self.spec), past, shift) if export == "prompt" else None
 
         gen = torch.Generator(device=self.device)
         gen.manual_seed(params.seed if params.seed is not None else int(time.time_ns() & 0x7FFFFFFF))
@@ -213,16 +249,25 @@ class LocalEngine(TokenizerText, Engine):
                 finish = "cancelled"
                 break
             if step + 1 < params.max_tokens:
-                logits, cache = self._forward([token], cache, len(ids) + step)
+                logits, cache = self._forward([token], cache, shift + len(ids) + step)
         tail = detok.flush()
         if tail:
             emit(TokenDelta(tail, out[-1]))
         timings.decode_ms = (time.perf_counter() - t_first) * 1000
         timings.completion_tokens = len(out)
         if export == "turn":
-            _, cache = self._forward(out[-1:], cache, len(ids) + len(out) - 1)
-            kv = export_kv(cache, torch.tensor(ids + out), self.spec)
+            _, cache = self._forward(out[-1:], cache, shift + len(ids) + len(out) - 1)
+            kv = _at(export_kv(cache, torch.tensor(ids + out), self.spec), past, shift)
         emit(Completion(detok.text, tuple(out), finish, timings, kv))  # type: ignore[arg-type]
+
+
+def _at(kv: KVCache, past: KVCache | None, shift: int) -> KVCache:
+    """``kv`` with the true RoPE positions: a sparse past's own, then ``shift`` past each index."""
+    if not shift or past is None:
+        return kv
+    n = past.num_tokens
+    tail = torch.arange(n, kv.num_tokens, dtype=torch.int64) + shift
+    return dataclasses.replace(kv, positions=torch.cat([past.positions, tail]))
 
 
 def _pick(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> int:
