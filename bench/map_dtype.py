@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from engines.base import SamplingParams
-from engines.evaluate import _fidelity, context_chooser, receiver_prompt
+from engines.evaluate import context_chooser, fidelity, receiver_prompt
 from engines.local import LocalEngine
 from engines.transfer import transfer
 from heterofold.adapter import Adapter
@@ -62,7 +62,7 @@ async def run(sender: LocalEngine, receiver: LocalEngine, adapter: Adapter, ever
             for name, ad in pinned.items():
                 tr = await transfer(ad, s_kv, s_enc.offsets, receiver, r_ids, r_enc.offsets, sections, choose=choose)
                 out = await receiver.complete(r_ids, greedy, past=tr.kv)
-                kl, top1 = await _fidelity(receiver, r_ids, list(native.token_ids), tr.kv, ref)
+                kl, top1 = await fidelity(receiver, r_ids, list(native.token_ids), tr.kv, ref)
                 row[f"{name}@{budget:g}"] = {
                     "correct": is_correct(item.answer, out.text), "kl": round(kl, 4), "top1": round(top1, 4),
                     "text": out.text[:40],

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -108,6 +108,7 @@ def _progress_bars(name: str) -> Iterator[Callable[[str, int, int], None]]:
         "convert": "convert",
         "collect": "run both models",
         "fit": "fit layers",
+        "distill": "distil steps",
         "eval": "evaluate items",
     }
     if not console.is_terminal:  # a log, not a screen: a plain line per stage every few seconds and at the end
@@ -296,7 +297,7 @@ def fit(
     sender: Annotated[str, typer.Option(help="Sender zoo model.")],
     receiver: Annotated[str, typer.Option(help="Receiver zoo model.")],
     out: Annotated[Path, typer.Option(help="Folder for the adapter artifact.")],
-    method: Annotated[str, typer.Option(help="heterofold or kv-ridge.")] = "heterofold",
+    method: Annotated[str, typer.Option(help="heterofold, kv-ridge or distilled.")] = "heterofold",
     corpus: Annotated[Path | None, typer.Option(help="UTF-8 text file; default: generated offline.")] = None,
     docs: Annotated[int, typer.Option(min=2, help="Fit documents of the default corpus.")] = 16,
     max_tokens: Annotated[int, typer.Option(min=64, help="Receiver tokens per fit document.")] = 1024,
@@ -304,17 +305,22 @@ def fit(
     init: Annotated[
         str, typer.Option(help="HeteroFold's initial map before calibration: ridge or recolour.")
     ] = "ridge",
+    start: Annotated[
+        Path | None, typer.Option(help="distilled: the fitted adapter to start from (default: fit KV Ridge first).")
+    ] = None,
+    steps: Annotated[int, typer.Option(min=1, help="distilled: gradient steps.")] = 300,
+    rank: Annotated[int, typer.Option(min=1, help="distilled: rank of the residual per layer.")] = 8,
+    distill_docs: Annotated[int, typer.Option(min=2, help="distilled: contexts to distil on.")] = 16,
     version: Annotated[str | None, typer.Option(help="Version label (default: method-date).")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
     """Fit an adapter for one direction, both models frozen, and save it."""
-    import time
-
-    from engines.fitting import corpus_from_file, default_corpus, fit_direction
+    from engines.fitting import corpus_from_file, default_corpus, distill_contexts, distill_direction, fit_direction
     from engines.local import LocalEngine
+    from heterofold.adapter import Adapter
 
-    if method not in ("heterofold", "kv-ridge"):
-        err.print(f"[red]error:[/red] unknown method {method!r}: heterofold or kv-ridge")
+    if method not in ("heterofold", "kv-ridge", "distilled"):
+        err.print(f"[red]error:[/red] unknown method {method!r}: heterofold, kv-ridge or distilled")
         raise typer.Exit(2)
     with _errors():
         zoo = Zoo(cache_dir)
@@ -325,17 +331,38 @@ def fit(
             err.print(f"[red]error:[/red] cannot read corpus {corpus}: {exc}")
             raise typer.Exit(2) from exc
         label = version or f"{method}-{time.strftime('%Y%m%d-%H%M%S')}"
+        fps = {"sender_fingerprint": s.spec.fingerprint, "receiver_fingerprint": r.spec.fingerprint}
         with _progress_bars(f"{sender} -> {receiver}") as progress:
-            adapter = asyncio.run(
-                fit_direction(s, r, method=method, texts=texts, seed=seed, version=label, max_tokens=max_tokens,
-                              init=init, progress=progress)
-            )  # fmt: skip
+            if method == "distilled":
+                base = (
+                    Adapter.load(start, **fps)
+                    if start
+                    else asyncio.run(fit_direction(s, r, method="kv-ridge", texts=texts, seed=seed,
+                                                   version=f"{label}-start", max_tokens=max_tokens, progress=progress))
+                )  # fmt: skip
+                contexts = distill_contexts(seed, distill_docs)
+                adapter = asyncio.run(
+                    distill_direction(s, r, base, contexts=contexts, version=label, seed=seed, steps=steps, rank=rank,
+                                      progress=progress)
+                )  # fmt: skip
+            else:
+                adapter = asyncio.run(
+                    fit_direction(s, r, method=method, texts=texts, seed=seed, version=label, max_tokens=max_tokens,
+                                  init=init, progress=progress)
+                )  # fmt: skip
         digest = adapter.save(out)
         m = adapter.manifest
-        console.print(
-            f"{m.method} {m.version}: {m.fit['tokens']} aligned tokens, fitted in {m.fit['fit_s']} s; "
-            f"held-out R² K {m.metrics['mean_r2_k']} V {m.metrics['mean_r2_v']}; saved {out} (sha256 {digest[:12]})"
-        )
+        line = f"{m.method} {m.version}: fitted in {m.fit['fit_s']} s; "
+        if method == "distilled":
+            line += (
+                f"held-out answer KL {m.metrics['held_out_answer_kl_before_distill']} -> "
+                f"{m.metrics['held_out_answer_kl_after_distill']} (best step {m.metrics['distill_best_step']}); "
+            )
+        else:
+            line += (
+                f"{m.fit['tokens']} aligned tokens, held-out R² K {m.metrics['mean_r2_k']} V {m.metrics['mean_r2_v']}; "
+            )
+        console.print(line + f"saved {out} (sha256 {digest[:12]})")
 
 
 @app.command("eval")
@@ -345,55 +372,101 @@ def eval_cmd(
     data: Annotated[str, typer.Option(help="JSONL file of {id, context, question, answer}, or `builtin`.")],
     adapter: Annotated[Path | None, typer.Option(help="HeteroFold adapter folder.")] = None,
     ridge: Annotated[Path | None, typer.Option(help="KV Ridge adapter folder.")] = None,
+    map_: Annotated[
+        list[str] | None, typer.Option("--map", help="More adapters to evaluate, as NAME=FOLDER (repeatable).")
+    ] = None,
+    served: Annotated[str, typer.Option(help="Which adapter is reported as paths.heterofold.")] = "heterofold",
     budget: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Headline recompute budget (BENCHMARKS.md recommends 0.02).")
     ] = 0.02,
+    budgets: Annotated[str, typer.Option(help="Budget sweep, comma separated (0 = map-only).")] = "0,0.02,0.05,0.1,0.2",
+    paths: Annotated[
+        str | None,
+        typer.Option(help="Paths to run, comma separated: no_context, sender, quote, recompute_only, adapter names."),
+    ] = None,
     lengths: Annotated[
         str, typer.Option(help="Builtin suite context lengths, comma separated.")
     ] = "512,1024,2048,4096",
+    kinds: Annotated[str | None, typer.Option(help="Builtin suite kinds, comma separated (default: all).")] = None,
+    per_cell: Annotated[int, typer.Option(min=1, help="Builtin items per (kind, length, variant).")] = 1,
     limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N items.")] = None,
     every: Annotated[int, typer.Option(min=1, help="Evaluate every Nth item (a balanced subset).")] = 1,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
-    """Every path on the same items: native, heterofold, kv_ridge (with and without recompute), no_context,
-    sender."""
-    from engines.evaluate import evaluate
+    """Every path on the same items: native, no_context, sender, quote, recompute_only, and each adapter
+    map-only and with recompute at each budget (engines/evaluate.py)."""
+    from engines.evaluate import PATH_FAMILIES, evaluate
     from engines.local import LocalEngine
     from heterofold.adapter import Adapter
     from heterofold.suite import builtin_suite
     from heterofold.tasks import load_jsonl
 
+    folders: dict[str, Path] = {}
+    for name, folder in (("heterofold", adapter), ("kv_ridge", ridge)):
+        if folder:
+            folders[name] = folder
+    for spec in map_ or []:
+        name, sep, folder_text = spec.partition("=")
+        if not sep or not name or not folder_text or name in PATH_FAMILIES or name == "native":
+            err.print(f"[red]error:[/red] --map takes NAME=FOLDER with a new name, got {spec!r}")
+            raise typer.Exit(2)
+        folders[name] = Path(folder_text)
+    try:
+        sweep = tuple(float(x) for x in budgets.split(","))
+        if not all(0.0 <= b <= 1.0 for b in sweep):
+            raise ValueError("budgets must lie in [0, 1]")
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] --budgets {budgets!r}: {exc}")
+        raise typer.Exit(2) from exc
+    wanted = [p for p in paths.split(",") if p] if paths else None
+    known = {*PATH_FAMILIES, *folders}
+    if wanted and not set(wanted) <= known:
+        err.print(f"[red]error:[/red] unknown --paths {sorted(set(wanted) - known)}; known: {sorted(known)}")
+        raise typer.Exit(2)
     with _errors():
-        items = (
-            builtin_suite(lengths=tuple(int(x) for x in lengths.split(","))) if data == "builtin" else load_jsonl(data)
-        )
+        if data == "builtin":
+            chosen_kinds = tuple(k for k in kinds.split(",") if k) if kinds else None
+            items = builtin_suite(
+                lengths=tuple(int(x) for x in lengths.split(",")), per_cell=per_cell, kinds=chosen_kinds
+            )
+        else:
+            items = load_jsonl(data)
         items = items[::every][:limit] if limit else items[::every]
         zoo = Zoo(cache_dir)
         s, r = LocalEngine.from_zoo(sender, zoo=zoo), LocalEngine.from_zoo(receiver, zoo=zoo)
         fps = {"sender_fingerprint": s.spec.fingerprint, "receiver_fingerprint": r.spec.fingerprint}
-        hf = Adapter.load(adapter, **fps) if adapter else None
-        kr = Adapter.load(ridge, **fps) if ridge else None
+        maps = {name: Adapter.load(folder, **fps) for name, folder in folders.items()}
         with _progress_bars(f"{sender} -> {receiver}") as progress:
-            result = asyncio.run(evaluate(s, r, items, heterofold=hf, kv_ridge=kr, budget=budget, progress=progress))
-    table = Table(title=f"{sender} -> {receiver}, {result['items']} items")
-    for col in ("path", "accuracy", "retention", "median TTFT ms", "first-token KL", "top-1 agreement"):
-        table.add_column(col)
-    rows = list(result["paths"].items()) + [
-        (f"{name} @ {b}", v)
-        for name in ("heterofold", "kv_ridge")
-        for b, v in result[f"{name}_budget_frontier"].items()
-    ]
-    for path, v in rows:
-        table.add_row(
-            path, f"{v['accuracy']:.3f}", str(v["retention"]), f"{v['ttft_ms']:.0f}",
-            str(v.get("first_token_kl", "")), str(v.get("top1_agreement", "")),
-        )  # fmt: skip
-    console.print(table)
+            result = asyncio.run(
+                evaluate(s, r, items, adapters=maps, served=served, budget=budget, budgets=sweep, paths=wanted,
+                         progress=progress)
+            )  # fmt: skip
+    console.print(eval_table(result, f"{sender} -> {receiver}, {result['items']} items"))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=2))
         console.print(f"wrote {json_out}")
+
+
+def eval_table(result: dict[str, Any], title: str) -> Table:
+    """Every path of an evaluation: accuracy on answer items, fidelity on whole-context items."""
+    table = Table(title=title)
+    cols = ("path", "accuracy", "retention", "median TTFT ms", "first-token KL", "top-1", "fidelity KL",
+            "fidelity top-1")  # fmt: skip
+    for col in cols:
+        table.add_column(col)
+    rows = [(p, v) for p, v in result["paths"].items() if p in ("native", "no_context", "sender")]
+    rows += [(f"{family} @ {b}", v) for family, by in result["budget_frontier"].items() for b, v in by.items()]
+
+    def cell(v: dict[str, Any], key: str) -> str:
+        x = v.get(key)
+        return "" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+    for path, v in rows:
+        table.add_row(path, *(cell(v, k) for k in ("accuracy", "retention", "ttft_ms", "first_token_kl",
+                                                   "top1_agreement", "fidelity_kl", "fidelity_top1")))  # fmt: skip
+    return table
 
 
 @app.command()

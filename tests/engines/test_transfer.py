@@ -146,27 +146,6 @@ def test_fit_save_load_apply_round_trip(load_engine, tmp_path: Path) -> None:  #
     assert all(torch.equal(a.k_weight, b.k_weight) for a, b in zip(adapter.maps, again.maps, strict=True))
 
 
-def test_evaluate_runs_every_path_and_an_identity_transfer_matches_native(load_engine) -> None:  # type: ignore[no-untyped-def]
-    from engines.evaluate import evaluate
-    from heterofold.suite import builtin_suite
-
-    engine = load_engine("smollm2-135m-instruct")
-    items = builtin_suite(lengths=(256,))[::10][:2]  # a passkey and a multi-key item
-    identity = Adapter.identity(Side.of(engine.spec))
-    result = run(
-        evaluate(engine, engine, items, heterofold=identity, kv_ridge=identity, budget=0.05, budgets=(0.0, 0.05),
-                 max_tokens=8)
-    )  # fmt: skip
-    paths = result["paths"]
-    assert set(paths) == {"native", "no_context", "sender", "kv_ridge", "heterofold", "kv_ridge_recompute"}
-    assert set(result["heterofold_budget_frontier"]) == {"0", "0.05"}
-    assert set(result["kv_ridge_budget_frontier"]) == {"0.05"}
-    assert paths["heterofold"]["budget"] == paths["kv_ridge_recompute"]["budget"] == 0.05
-    for path in ("heterofold", "kv_ridge", "kv_ridge_recompute"):  # the identity map is the native cache
-        assert paths[path]["accuracy"] == paths["native"]["accuracy"]
-        assert paths[path]["first_token_kl"] < 1e-3 and paths[path]["top1_agreement"] == 1.0
-
-
 def test_bench_transfer_times_every_path_from_one_run(load_engine) -> None:  # type: ignore[no-untyped-def]
     from bench.transfer_bench import bench_transfer
 

@@ -1,0 +1,105 @@
+"""The evaluation harness's paths and ablations on a real zoo model: what each one sees, and the
+identities that pin them down (an identity map is native; recomputing every token is native)."""
+
+import asyncio
+
+import pytest
+import torch
+
+from engines.evaluate import QUOTE_SEPARATOR, choose_context, evaluate, quote_text, receiver_prompt
+from heterofold.adapter import Adapter, Side
+from heterofold.corpus import stdlib_text
+from heterofold.suite import builtin_suite
+from heterofold.tasks import TaskItem
+
+pytestmark = pytest.mark.models
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def test_quote_merges_adjacent_spans_and_separates_distant_ones() -> None:
+    context = "Alpha beta. Gamma delta.\nEpsilon zeta."
+    # "Alpha", " beta" touch; "Epsilon" is far from them
+    assert quote_text(context, [(0, 5), (5, 10), (25, 32)]) == f"Alpha beta{QUOTE_SEPARATOR}Epsilon"
+    assert quote_text(context, [(0, 5), (6, 10)]) == "Alpha beta"  # only whitespace between: one piece
+    assert quote_text(context, []) == ""
+
+
+def test_quote_prompt_holds_the_selected_needle_and_the_question(load_engine) -> None:  # type: ignore[no-untyped-def]
+    engine = load_engine("smollm2-135m-instruct")
+    item = builtin_suite(lengths=(512,), kinds=("passkey",))[2]
+    r_text = receiver_prompt(engine, f"{item.context}\n\nQuestion: {item.question}")
+    enc = engine.encode(r_text)
+    start = r_text.index(item.context)
+    prefix = next(j for j, (_, b) in enumerate(enc.offsets) if b > start + len(item.context))
+    picked = choose_context(item, enc.offsets, start, prefix, 0.05)
+    rel = [(enc.offsets[j][0] - start, enc.offsets[j][1] - start) for j in picked]
+    quoted = quote_text(item.context, rel)
+    assert item.answer in quoted and len(quoted) < len(item.context) / 4
+
+
+def test_prefill_at_every_position_is_native_and_drops_the_rest(load_engine) -> None:  # type: ignore[no-untyped-def]
+    engine = load_engine("gemma3-270m")
+    ids = list(engine.encode(stdlib_text(2000)).ids)[:200]
+    dense = run(engine.score(ids))
+    kv = run(engine.prefill_at(ids[:150], list(range(150))))
+    torch.testing.assert_close(run(engine.score(ids, past=kv)), dense[150:], atol=1e-3, rtol=1e-3)
+    # every other token absent, the kept ones at their true positions: the continuation differs
+    kept = [*range(0, 150, 2), 149]
+    sparse = run(engine.prefill_at([ids[j] for j in kept], kept))
+    assert sparse.positions.tolist() == kept
+    got = run(engine.score([ids[j] for j in kept] + ids[150:], past=sparse))
+    assert got.shape == dense[150:].shape and float((got - dense[150:]).abs().max()) > 0.1
+
+
+def test_evaluate_runs_every_path_and_the_identities_hold(load_engine) -> None:  # type: ignore[no-untyped-def]
+    engine = load_engine("smollm2-135m-instruct")
+    items = builtin_suite(lengths=(256,), kinds=("passkey", "multikey"))[::5][:2]
+    items.append(TaskItem("fid", stdlib_text(900, start=30), "Continue the text.", "", "continue", "fidelity"))
+    identity = Adapter.identity(Side.of(engine.spec))
+    result = run(
+        evaluate(engine, engine, items, adapters={"heterofold": identity, "kv_ridge": identity}, budget=0.05,
+                 budgets=(0.0, 0.05, 1.0), max_tokens=8, fidelity_tokens=12)
+    )  # fmt: skip
+    paths = result["paths"]
+    expected = {"native", "no_context", "sender", "heterofold", "heterofold_map_only", "kv_ridge",
+                "kv_ridge_recompute", "quote", "recompute_only"}  # fmt: skip
+    assert set(paths) == expected
+    assert set(result["budget_frontier"]) == {"heterofold", "kv_ridge", "quote", "recompute_only"}
+    assert set(result["heterofold_budget_frontier"]) == {"0", "0.05", "1"}
+    assert paths["heterofold"]["budget"] == paths["kv_ridge_recompute"]["budget"] == 0.05
+    for path in ("heterofold", "heterofold_map_only", "kv_ridge", "kv_ridge_recompute"):  # identity map = native
+        assert paths[path]["accuracy"] == paths["native"]["accuracy"]
+        assert paths[path]["first_token_kl"] < 1e-3 and paths[path]["top1_agreement"] == 1.0
+        assert paths[path]["fidelity_kl"] < 1e-3 and paths[path]["fidelity_top1"] == 1.0
+    every = result["budget_frontier"]["recompute_only"]["1"]  # every context token native: native itself
+    assert every["first_token_kl"] < 1e-3 and every["fidelity_kl"] < 1e-3 and every["fidelity_top1"] == 1.0
+    assert paths["no_context"]["fidelity_kl"] > 0.1  # the whole-context item needs its context
+    adds = result["map_adds"]["heterofold"]["0.05"]
+    assert adds["vs_recompute_only"]["all:accuracy"]["n"] == 2
+    assert adds["vs_recompute_only"]["all:kl_reduction"]["n"] == 1
+    assert result["per_item"]["quote@0.05"]["fid"]["correct"] is None
+
+
+def test_distillation_steps_lower_the_answer_kl_of_a_noised_map(load_engine) -> None:  # type: ignore[no-untyped-def]
+    from engines.distill import build_docs, distill
+    from heterofold.adapter import LayerMap
+
+    engine = load_engine("smollm2-135m-instruct")
+    side = Side.of(engine.spec)
+    g = torch.Generator().manual_seed(0)
+    identity = Adapter.identity(side)
+    noised = Adapter(
+        identity.manifest,
+        [LayerMap(m.k_weight + 0.05 * torch.randn(m.k_weight.shape, generator=g), m.k_bias,
+                  m.v_weight + 0.05 * torch.randn(m.v_weight.shape, generator=g), m.v_bias) for m in identity.maps],
+    )  # fmt: skip
+    (docs,) = run(build_docs(engine, engine, noised, [stdlib_text(700, start=11)], budgets=(0.0,), answer_tokens=8))
+    # the same document to train and to measure: the steps must lower its loss
+    out = run(distill(engine, noised, [docs, docs], method="distilled", version="t", fit_info={}, steps=6, lr=5e-3,
+                      held=1, eval_every=3))  # fmt: skip
+    m = out.manifest.metrics
+    assert m["held_out_answer_kl_after_distill"] < 0.9 * m["held_out_answer_kl_before_distill"]
+    assert m["distill_best_step"] in (3, 6) and out.manifest.method == "distilled"
