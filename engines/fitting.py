@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from engines.distill import build_docs, distill
 from engines.local import LocalEngine
 from engines.transfer import collect_pairs
 from heterofold.adapter import Adapter, Side
@@ -36,6 +37,20 @@ def default_corpus(seed: int = 0, docs: int = 16) -> list[str]:
     return texts
 
 
+def distill_contexts(seed: int = 0, docs: int = 16, chars: int = 3600) -> list[str]:
+    """Contexts for distillation: runs of stdlib docstrings of about ``chars`` characters, from
+    the far end of the docstring list (the eval haystack draws from all of it at random)."""
+    stdlib = stdlib_docstrings()
+    texts = []
+    for i in range(docs):
+        start = (len(stdlib) - 1 - (seed * 7919 + i * 37)) % len(stdlib)
+        parts: list[str] = []
+        while sum(len(p) + 2 for p in parts) < chars:
+            parts.append(stdlib[(start + len(parts)) % len(stdlib)])
+        texts.append("\n\n".join(parts)[:chars].rsplit(" ", 1)[0])
+    return texts
+
+
 def corpus_from_file(path: str, chunk_chars: int = 4000) -> list[str]:
     """A user corpus: plain UTF-8 text cut at paragraph breaks into chunks of about ``chunk_chars``."""
     with open(path, encoding="utf-8") as f:
@@ -49,6 +64,37 @@ def corpus_from_file(path: str, chunk_chars: int = 4000) -> list[str]:
     if current:
         texts.append(current)
     return texts
+
+
+async def distill_direction(
+    sender: LocalEngine,
+    receiver: LocalEngine,
+    start: Adapter,
+    *,
+    contexts: Sequence[str],
+    version: str,
+    seed: int = 0,
+    steps: int = 300,
+    rank: int = 8,
+    budgets: Sequence[float] = (0.0, 0.02),
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Adapter:
+    """The ``distilled`` method: ``start`` (a fitted ridge map) distilled end to end through the
+    frozen receiver on ``contexts`` (``engines.distill``)."""
+    t0 = time.perf_counter()
+    docs = await build_docs(sender, receiver, start, contexts, budgets=budgets, seed=seed, progress=progress)
+    info = {
+        "start": start.manifest.method,
+        "start_version": start.manifest.version,
+        "distill_data_sha256": hashlib.sha256("\x00".join(contexts).encode()).hexdigest(),
+        "distill_documents": len(contexts),
+        "distill_budgets": list(budgets),
+        "distill_collect_s": round(time.perf_counter() - t0, 1),
+    }
+    adapter = await distill(receiver, start, docs, method="distilled", version=version, fit_info=info, steps=steps,
+                            rank=rank, seed=seed, progress=progress)  # fmt: skip
+    adapter.manifest.fit["fit_s"] = round(float(start.manifest.fit.get("fit_s", 0.0)) + time.perf_counter() - t0, 2)
+    return adapter
 
 
 async def fit_direction(

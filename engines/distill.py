@@ -1,0 +1,197 @@
+"""Distilling a fitted adapter end to end through the frozen receiver (``heterofold.distill``).
+
+Training examples are built the way a hop is served: the context (stdlib docstrings, read at run
+time) as a user message, processed by the sender; the receiver's prompt is the context, then a
+generic question about it (``QUESTIONS``: wording and documents of their own, never the evaluation
+suite's), then ``Answer:``; the receiver's native greedy answer (``answer_tokens``) is the target.
+For each recompute budget in ``budgets`` the selector (``engines.evaluate.choose_context``) picks
+the context tokens that stay native, as selective recompute leaves them: the map learns to be a
+background that helps the recomputed tokens, not one that competes with them. During fitting the
+chosen tokens take their native KV from a full native prefill (the recompute's exact result when
+the rest of the cache is native; the approximation a fit can afford).
+
+Steps cycle over the training documents; every ``eval_every`` steps the held-out KL is measured
+and the best parameters so far are kept (early stopping, since a small corpus overfits).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from engines.base import SamplingParams
+from engines.evaluate import choose_context, receiver_prompt
+from engines.hf_cache import import_kv
+from engines.local import LocalEngine
+from engines.transfer import transferable_prefix
+from heterofold.adapter import Adapter
+from heterofold.align import align_tokens, find_sections
+from heterofold.distill import DistillDoc, LowRankResidual, doc_features, kl_loss, split_docs
+from heterofold.kv import KVCache
+from heterofold.select import sentence_spans
+from heterofold.tasks import TaskItem
+
+QUESTIONS = (
+    "What is the main topic of the text above?",
+    "Which function or class does the text above describe, and what does it do?",
+    "What does the text above say about {word}?",
+    "Repeat the sentence of the text above that mentions {word}.",
+)
+Progress = Callable[[str, int, int], None]
+
+
+def _question(rng: random.Random, context: str) -> str:
+    """A generic question; where it names a word, a long word from a random sentence of the context."""
+    template = rng.choice(QUESTIONS)
+    if "{word}" not in template:
+        return template
+    spans = sentence_spans(context)
+    for _ in range(20):
+        a, b = rng.choice(spans)
+        words = [w.strip(".,:;()'\"`") for w in context[a:b].split()]
+        words = [w for w in words if len(w) >= 7 and w.isalpha()]
+        if words:
+            return template.format(word=rng.choice(words))
+    return QUESTIONS[0]
+
+
+async def build_docs(
+    sender: LocalEngine,
+    receiver: LocalEngine,
+    adapter: Adapter,
+    contexts: Sequence[str],
+    *,
+    budgets: Sequence[float] = (0.0, 0.02),
+    answer_tokens: int = 32,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> list[list[DistillDoc]]:
+    """Per context, one ``DistillDoc`` per budget (module docstring)."""
+    rng = random.Random(seed)
+    out = []
+    for n, context in enumerate(contexts):
+        question = _question(rng, context)
+        s_text = sender.render([{"role": "user", "content": context}])
+        s_enc = sender.encode(s_text)
+        s_kv, _ = await sender.prefill(s_enc.ids)
+        r_text = receiver_prompt(receiver, f"{context}\n\nQuestion: {question}")
+        r_enc = receiver.encode(r_text)
+        r_ids = list(r_enc.ids)
+        sections = find_sections(s_text, r_text, [context])
+        prefix = transferable_prefix(r_enc.offsets, sections)
+        src = align_tokens(s_enc.offsets, r_enc.offsets[:prefix], sections)
+        src[src >= s_kv.num_tokens] = -1
+        dense, _ = await receiver.prefill(r_ids[:prefix], dense=True)
+        full, _ = await receiver.prefill(r_ids[:-1])
+        answer = list((await receiver.complete(r_ids, SamplingParams(max_tokens=answer_tokens), past=full)).token_ids)
+        native = await receiver.score(r_ids + answer, past=dense.windowed(receiver.spec.windows))  # (S, V)
+        q = len(r_ids) - prefix  # suffix index of the first answer token
+        rows = slice(q - 1, q - 1 + len(answer))
+        target = torch.log_softmax(native[rows].float(), -1)
+        x_k, x_v, aligned = doc_features(adapter, s_kv, src)
+        item = TaskItem(f"fit-{n}", context, question, "-")
+        docs = []
+        for b in budgets:
+            chosen = set(choose_context(item, r_enc.offsets, sections[0].receiver_start, prefix, b)) if b else set()
+            keep = torch.tensor([int(p) not in chosen for p in aligned], dtype=torch.bool)
+            docs.append(
+                DistillDoc(
+                    x_k=tuple(x[keep] for x in x_k), x_v=tuple(x[keep] for x in x_v), mapped=aligned[keep],
+                    native_k=dense.keys, native_v=dense.values, token_ids=dense.token_ids,
+                    suffix=torch.tensor(r_ids[prefix:] + answer), answer_rows=rows, target=target,
+                )
+            )  # fmt: skip
+        out.append(docs)
+        if progress:
+            progress("collect", n + 1, len(contexts))
+    return out
+
+
+def _loss(receiver: LocalEngine, param: LowRankResidual, doc: DistillDoc) -> torch.Tensor:
+    """KL of the receiver's answer distributions over ``doc``'s mapped context (worker thread)."""
+    spec, model = receiver.spec, receiver.model
+    keys, values = param.context_kv(doc)
+    T = doc.token_ids.shape[0]
+    kv = KVCache(spec.fingerprint, doc.token_ids, torch.arange(T), tuple(keys), tuple(values), (0,) * len(keys))
+    cache = import_kv(kv.windowed(spec.windows), model.config, spec, receiver.device, receiver.dtype)
+    S = doc.suffix.shape[0]
+    pos = torch.arange(T, T + S, device=receiver.device)[None]  # (1, S): the suffix after the context
+    out = model(input_ids=doc.suffix.to(receiver.device)[None], position_ids=pos, cache=cache, use_cache=True,
+                logits_to_keep=0)  # fmt: skip
+    return kl_loss(out.logits[0, doc.answer_rows], doc.target)
+
+
+async def distill(
+    receiver: LocalEngine,
+    adapter: Adapter,
+    docs: Sequence[Sequence[DistillDoc]],
+    *,
+    method: str,
+    version: str,
+    fit_info: dict[str, object],
+    steps: int = 300,
+    rank: int = 8,
+    lr: float = 2e-3,
+    penalty: float = 1e-2,
+    held: int = 3,
+    eval_every: int = 25,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> Adapter:
+    """Distil ``adapter`` on ``docs`` (from ``build_docs``); returns the folded adapter with the
+    held-out KL before and after in its metrics."""
+    train, held_out = split_docs(len(docs), held)
+    param = LowRankResidual(adapter, rank=rank, seed=seed)
+    opt = torch.optim.Adam(param.parameters(), lr=lr)
+    order = [d for i in train for d in docs[i]]
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+
+    def held_kl() -> float:
+        with torch.no_grad():
+            vals = [float(_loss(receiver, param, d)) for i in held_out for d in docs[i]]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    def train_step(doc: DistillDoc) -> float:
+        with torch.enable_grad():
+            opt.zero_grad()
+            loss = _loss(receiver, param, doc)
+            (loss + penalty * param.penalty()).backward()
+            opt.step()
+        return float(loss.detach())
+
+    def snapshot() -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in param.state_dict().items()}
+
+    # One job per step on the receiver's worker: requests it serves meanwhile interleave.
+    before = await receiver.run_exclusive(held_kl)
+    best, best_state, best_step = before, snapshot(), 0
+    history: list[tuple[int, float, float]] = []
+    losses: list[float] = []
+    for step in range(1, steps + 1):
+        doc = rng.choice(order)
+        losses.append(await receiver.run_exclusive(functools.partial(train_step, doc)))
+        if step % eval_every == 0 or step == steps:
+            kl = await receiver.run_exclusive(held_kl)
+            recent = losses[-eval_every:]
+            history.append((step, round(sum(recent) / len(recent), 4), round(kl, 4)))
+            if kl < best:
+                best, best_state, best_step = kl, snapshot(), step
+        if progress:
+            progress("distill", step, steps)
+    param.load_state_dict(best_state)
+    metrics = dict(adapter.manifest.metrics)
+    metrics |= {
+        "held_out_answer_kl_before_distill": round(before, 4),
+        "held_out_answer_kl_after_distill": round(best, 4),
+        "distill_best_step": best_step,
+        "distill_history": history,  # (step, mean training KL since the last, held-out KL)
+    }
+    info = {**adapter.manifest.fit, **fit_info, "distill_s": round(time.perf_counter() - t0, 1)}
+    info |= {"steps": steps, "rank": rank, "lr": lr, "penalty": penalty, "train_docs": len(train),
+             "held_docs": len(held_out)}  # fmt: skip
+    return param.fold(method, version, info, metrics)

@@ -1,0 +1,128 @@
+"""End-to-end distillation of an adapter's maps through the frozen receiver.
+
+A ridge map predicts each receiver K/V row from the aligned sender rows (held-out R² ~0.5-0.6),
+but what the receiver needs is to *behave* as with its native cache. Distillation starts from a
+fitted adapter and moves its maps to minimise KL(native || mapped) of the receiver's next-token
+distributions over answer tokens that follow the context, with the context's KV mapped (and the
+selected tokens native, as selective recompute leaves them). Only the short continuation runs
+with gradients; the context is never recomputed.
+
+The parameters are a low-rank residual per receiver layer on the key and value maps plus their
+biases (LoRA-style, ``rank`` columns, the residual starting at zero so step 0 is the ridge map)::
+
+    W_k' = W_k + A_k @ B_k      (F, r) @ (r, H_r * D_r)
+    b_k' = b_k + c_k
+
+and the same for values. ``fold()`` returns plain affine ``LayerMap``s: applying a distilled
+adapter costs exactly what applying the ridge map does. This module is pure torch: the receiver's
+forward pass is the caller's (``engines.distill``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from heterofold.adapter import Adapter, LayerMap, Manifest, SenderFeatures
+from heterofold.kv import KVCache
+from heterofold.rope import apply_rope
+
+
+@dataclass(frozen=True)
+class DistillDoc:
+    """One training example, everything but the map fixed (no gradients)."""
+
+    x_k: tuple[torch.Tensor, ...]  # per receiver layer (N, F_l): content-space sender key features
+    x_v: tuple[torch.Tensor, ...]  # per receiver layer (N, F_l)
+    mapped: torch.Tensor  # (N,) receiver positions whose KV comes from the map
+    native_k: tuple[torch.Tensor, ...]  # per receiver layer (H_r, T, D_r): native KV, used where not mapped
+    native_v: tuple[torch.Tensor, ...]
+    token_ids: torch.Tensor  # (T,) receiver context prompt tokens
+    suffix: torch.Tensor  # (S,) receiver tokens after the context: question, template, answer
+    answer_rows: slice  # rows of the suffix's logits that predict the answer tokens
+    target: torch.Tensor  # (A, V) native log-probabilities at those rows
+
+
+def doc_features(
+    adapter: Adapter, sender_kv: KVCache, src: torch.Tensor
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor]:
+    """Per receiver layer ``(N, F_l)`` sender key and value features of the aligned receiver tokens
+    (``src >= 0``), with the same features as ``Adapter.apply`` reads, and their positions ``(N,)``."""
+    m = adapter.manifest
+    at = (src >= 0).nonzero().squeeze(1)  # (N,) receiver positions
+    s_idx = src[at]
+    feats = SenderFeatures(sender_kv, s_idx, sender_kv.positions[s_idx], m.sender.rope_thetas)
+    pairs = [feats.get(layers) for layers in m.sender_layers]
+    return tuple(k.float() for k, _ in pairs), tuple(v.float() for _, v in pairs), at
+
+
+class LowRankResidual(torch.nn.Module):
+    """Trainable low-rank residuals on every layer's K and V maps of ``adapter`` (module docstring)."""
+
+    def __init__(self, adapter: Adapter, rank: int = 8, seed: int = 0) -> None:
+        super().__init__()
+        if rank < 1:
+            raise ValueError(f"rank must be at least 1, got {rank}")
+        self.adapter = adapter
+        g = torch.Generator().manual_seed(seed)
+        self.a_k, self.b_k, self.c_k = torch.nn.ParameterList(), torch.nn.ParameterList(), torch.nn.ParameterList()
+        self.a_v, self.b_v, self.c_v = torch.nn.ParameterList(), torch.nn.ParameterList(), torch.nn.ParameterList()
+        for mp in adapter.maps:
+            F, out = mp.k_weight.shape  # the same for values
+            for a, b, c in ((self.a_k, self.b_k, self.c_k), (self.a_v, self.b_v, self.c_v)):
+                # A random, B zero: the residual starts at zero and A @ B stays near W's scale
+                a.append(torch.nn.Parameter(torch.randn(F, rank, generator=g) / F**0.5))
+                b.append(torch.nn.Parameter(torch.zeros(rank, out)))
+                c.append(torch.nn.Parameter(torch.zeros(out)))
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The effective ``(W_k, b_k, W_v, b_v)`` of receiver layer ``layer``."""
+        mp = self.adapter.maps[layer]
+        wk = mp.k_weight + self.a_k[layer] @ self.b_k[layer]
+        wv = mp.v_weight + self.a_v[layer] @ self.b_v[layer]
+        return wk, mp.k_bias + self.c_k[layer], wv, mp.v_bias + self.c_v[layer]
+
+    def context_kv(self, doc: DistillDoc) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The receiver's context KV for ``doc``: mapped rows where ``doc.mapped``, native elsewhere.
+        Per layer ``(H_r, T, D_r)``, keys after RoPE, differentiable in the parameters."""
+        m = self.adapter.manifest
+        H, D = m.receiver.num_kv_heads, m.receiver.head_dim
+        keys, values = [], []
+        for layer in range(m.receiver.num_layers):
+            wk, bk, wv, bv = self.layer(layer)
+            k = (doc.x_k[layer] @ wk + bk).reshape(-1, H, D).transpose(0, 1)  # (N, H*D) -> (H, N, D)
+            v = (doc.x_v[layer] @ wv + bv).reshape(-1, H, D).transpose(0, 1)
+            k = apply_rope(k, doc.mapped, m.receiver.rope_thetas[layer])
+            keys.append(doc.native_k[layer].index_copy(1, doc.mapped, k))
+            values.append(doc.native_v[layer].index_copy(1, doc.mapped, v))
+        return keys, values
+
+    def penalty(self) -> torch.Tensor:
+        """Squared size of the residual relative to the maps it corrects (keeps it small)."""
+        total = torch.zeros(())
+        for layer, mp in enumerate(self.adapter.maps):
+            for a, b, w in ((self.a_k, self.b_k, mp.k_weight), (self.a_v, self.b_v, mp.v_weight)):
+                total = total + (a[layer] @ b[layer]).pow(2).sum() / w.pow(2).sum()
+        return total / len(self.adapter.maps)
+
+    @torch.no_grad()
+    def fold(self, method: str, version: str, fit: dict[str, object], metrics: dict[str, object]) -> Adapter:
+        """A plain adapter with the residuals folded into its affine maps."""
+        m = self.adapter.manifest
+        maps = [LayerMap(*(t.detach().clone() for t in self.layer(i))) for i in range(m.receiver.num_layers)]
+        manifest = Manifest(method, version, m.sender, m.receiver, m.sender_layers, fit=fit, metrics=metrics)
+        return Adapter(manifest, maps)
+
+
+def kl_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of KL(target || softmax(logits)); ``target`` holds log-probabilities ``(A, V)``."""
+    logp = torch.log_softmax(logits.float(), -1)
+    return (target.exp() * (target - logp)).sum(-1).mean()
+
+
+def split_docs(n: int, held: int) -> tuple[Sequence[int], Sequence[int]]:
+    """Indices of training and held-out documents: the last ``held`` of ``n`` are held out."""
+    held = min(held, n - 1) if n > 1 else 0
+    return range(n - held), range(n - held, n)
