@@ -3,7 +3,7 @@ spec extraction, generation. Sizes are small, but Gemma3's prompts pass its 512-
 
 import asyncio
 import itertools
-import time
+import threading
 
 import pytest
 import torch
@@ -151,16 +151,30 @@ def test_sampling_is_reproducible_with_a_seed(load_engine) -> None:  # type: ign
 def test_event_loop_stays_responsive_during_inference(load_engine) -> None:  # type: ignore[no-untyped-def]
     engine = load_engine("qwen2.5-coder-0.5b-instruct")
     ids = text_ids(engine, 400)
+    started, released = threading.Event(), threading.Event()
+    waited: list[bool] = []
 
-    async def main() -> tuple[int, float]:
-        ticks = 0
+    def hold(module, args):  # type: ignore[no-untyped-def]
+        # the forward pass waits inside the worker until the event loop proves it runs meanwhile
+        started.set()
+        waited.append(released.wait(timeout=30))
+
+    async def main() -> int:
         job = asyncio.ensure_future(engine.prefill(ids))
-        t0 = time.perf_counter()
-        while not job.done():
-            await asyncio.sleep(0.01)
+        ticks = 0
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        for _ in range(5):  # the loop keeps turning while the model is mid-forward
+            await asyncio.sleep(0)
             ticks += 1
+        assert not job.done()
+        released.set()
         await job
-        return ticks, time.perf_counter() - t0
+        return ticks
 
-    ticks, elapsed = run(main())
-    assert elapsed > 0.2 and ticks >= 5  # the loop kept running while the model worked
+    handle = engine.model.model.layers[0].register_forward_pre_hook(hold)
+    try:
+        ticks = run(main())
+    finally:
+        handle.remove()
+    assert ticks == 5 and waited == [True]  # released by the loop, not by the timeout

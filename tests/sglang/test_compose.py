@@ -22,7 +22,7 @@ def compose() -> dict[str, Any]:
     return data
 
 
-def test_compose_runs_the_whole_topology_with_healthchecks() -> None:
+def test_compose_file_declares_the_whole_topology_with_healthchecks() -> None:
     services = compose()["services"]
     assert {"redis", "postgres", "migrate", "gateway", "sglang-qwen", "sglang-llama", "prometheus"} <= set(services)
     gateway = services["gateway"]
