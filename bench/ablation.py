@@ -27,6 +27,7 @@ FIDELITY = ("summary", "continue")
 def _order(path: str) -> tuple[int, str, float]:
     family, _, b = path.partition("@")
     rank = {"native": 0, "no_context": 1, "sender": 2, "quote": 3, "recompute_only": 4}.get(family, 5)
+    rank += 1 if family.endswith("+quote") else 0
     return rank, family, float(b or 0)
 
 
@@ -51,7 +52,8 @@ def table(result: dict[str, Any]) -> str:
     ]
     for path in sorted(per_item, key=_order):
         rows = per_item[path]
-        cells = [path.replace("@0", " map-only").replace("@", " @ ")]
+        family, _, b = path.partition("@")
+        cells = [f"{family} map-only" if b == "0" else path.replace("@", " @ ")]
         for kinds in GROUPS.values():
             cells.append(_cell([float(x["correct"]) for x in rows.values() if x["kind"] in kinds]))
         fid = [x for x in rows.values() if x["kind"] in FIDELITY and x["kl"] is not None]

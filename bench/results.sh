@@ -24,7 +24,9 @@ for s in "${MODELS[@]}"; do
       [ -f "$dir/$m/manifest.json" ] ||
         $HF fit --sender "$s" --receiver "$r" --method "$m" --docs "$(docs "$s" "$r" "$m")" --out "$dir/$m" --version "$m-v1"
     done
+    # the look-up kinds and the HeteroFold / KV Ridge budget sweep (bench/ablation.sh has the ablations)
     $HF eval --sender "$s" --receiver "$r" --data builtin --lengths "$LENGTHS" --budget 0.02 \
+      --kinds passkey,multikey,facts,handoff --paths heterofold,kv_ridge,no_context,sender \
       --adapter "$dir/heterofold" --ridge "$dir/kv-ridge" --json "artifacts/results/eval_${s}__${r}_${LENGTHS//,/-}.json"
     for n in $CONTEXTS; do
       $HF bench transfer --sender "$s" --receiver "$r" --context "$n" --repeats 2 \

@@ -14,7 +14,11 @@ Paths (``PATH_FAMILIES``; ``paths=`` runs a subset, native always runs):
   positions with every other context token absent (dropped): what the recompute alone knows.
   Gemma3's sliding layers then count their window in kept tokens, not positions;
 - ``{method}@b`` for each adapter given (``heterofold``, ``kv_ridge``, a distilled map, ...): the
-  mapped cache plus native recompute of the same chosen tokens; ``@0`` is map-only.
+  mapped cache plus native recompute of the same chosen tokens; ``@0`` is map-only;
+- ``{method}+quote@b``: the mapped cache with no recompute (the template tokens aside), and the
+  chosen spans quoted as in ``quote@b`` between the context and the question, prefilled natively
+  with the suffix: the whole context as KV and the selected sentences as text (a path any engine
+  that imports a prefix can run, SGLang included).
 Every transfer path also recomputes the receiver tokens without a sender token (BOS, template).
 
 Items are of two metrics (``TaskItem.metric``). ``answer`` items are scored by accuracy, plus
@@ -53,7 +57,7 @@ from heterofold.tasks import TaskItem, is_correct
 
 BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2)
 QUOTE_SEPARATOR = "\n...\n"
-PATH_FAMILIES = ("no_context", "sender", "quote", "recompute_only")  # plus one per adapter
+PATH_FAMILIES = ("no_context", "sender", "quote", "recompute_only")  # plus two per adapter: NAME, NAME+quote
 
 
 @dataclass
@@ -66,6 +70,7 @@ class Score:
     first_kl: float | None = None
     top1: float | None = None
     kl: float | None = None  # mean per-token KL over native's answer
+    answer_tokens: int = 0  # length of native's answer, the teacher-forced span
 
 
 @dataclass
@@ -152,17 +157,18 @@ async def evaluate(
     """Every path on ``items`` (module docstring). ``adapters`` maps a method name to its adapter;
     ``served`` names the one the gateway serves, reported as ``paths.heterofold`` at ``budget``.
     ``paths`` picks families from ``PATH_FAMILIES`` and ``adapters`` (default: all)."""
-    wanted = set(paths) if paths is not None else set(PATH_FAMILIES) | set(adapters)
-    unknown = wanted - set(PATH_FAMILIES) - set(adapters) - {"native"}
+    known = [*PATH_FAMILIES, *adapters, *(f"{name}+quote" for name in adapters)]
+    wanted = set(paths) if paths is not None else set(known)
+    unknown = wanted - set(known) - {"native"}
     if unknown:
-        raise ValueError(f"unknown paths {sorted(unknown)}: choose from {[*PATH_FAMILIES, *adapters]}")
+        raise ValueError(f"unknown paths {sorted(unknown)}: choose from {known}")
     sweep = sorted(set(budgets) | {budget})
     stats: dict[str, PathStats] = {}
-    lengths: list[int] = []
+    lengths: dict[str, list[int]] = {}  # native answer tokens per metric
     for n, item in enumerate(items):
         ev = _ItemRun(sender, receiver, item, max_tokens if item.metric == "answer" else fidelity_tokens)
         await ev.native(stats)
-        lengths.append(len(ev.answer))
+        lengths.setdefault(item.metric, []).append(len(ev.answer))
         if "no_context" in wanted:
             await ev.no_context(stats)
         if "sender" in wanted and item.metric == "answer":
@@ -177,6 +183,9 @@ async def evaluate(
             if name in wanted:
                 for b in sweep:
                     await ev.mapped(stats, name, adapter, b)
+            if f"{name}+quote" in wanted:
+                for b in (b for b in sweep if b > 0):
+                    await ev.mapped_quote(stats, name, adapter, b)
         if progress:
             progress("eval", n + 1, len(items))
     return _report(sender, receiver, items, stats, adapters, served, budget, lengths)
@@ -198,7 +207,8 @@ class _ItemRun:
     def _record(self, stats: dict[str, PathStats], path: str, output: str, ttft: float, rows: torch.Tensor) -> None:
         """``rows``: the path's logits ``(1 + len(answer), V)`` aligned with native's ``ref``."""
         item, ref = self.item, self.ref
-        score = Score(item.kind or "all", is_correct(item.answer, output) if item.metric == "answer" else None, ttft)
+        correct = is_correct(item.answer, output) if item.metric == "answer" else None
+        score = Score(item.kind or "all", correct, ttft, answer_tokens=len(self.answer))
         score.first_kl = first_token_kl(ref[0], rows[0])
         if self.answer:
             score.top1 = top1_agreement(ref[:-1], rows[:-1])
@@ -251,10 +261,13 @@ class _ItemRun:
             self._chosen[b] = picked, (time.perf_counter() - t0) * 1000
         return self._chosen[b]
 
-    async def quote(self, stats: dict[str, PathStats], b: float) -> None:
+    def quoted(self, b: float) -> tuple[str, float]:
         picked, select_ms = self.chosen(b)
         rel = [(self.r_enc.offsets[j][0] - self.ctx_start, self.r_enc.offsets[j][1] - self.ctx_start) for j in picked]
-        quoted = quote_text(self.item.context, rel)
+        return quote_text(self.item.context, rel), select_ms
+
+    async def quote(self, stats: dict[str, PathStats], b: float) -> None:
+        quoted, select_ms = self.quoted(b)
         ids = list(
             self.receiver.encode(receiver_prompt(self.receiver, f"{quoted}\n\nQuestion: {self.item.question}")).ids
         )
@@ -268,6 +281,16 @@ class _ItemRun:
         prefill_ms = (time.perf_counter() - t0) * 1000
         ids = [self.r_ids[j] for j in kept] + self.r_ids[self.prefix :]
         await self._run(stats, f"recompute_only@{b:g}", ids, kv, select_ms + prefill_ms)
+
+    async def mapped_quote(self, stats: dict[str, PathStats], name: str, adapter: Adapter, b: float) -> None:
+        quoted, select_ms = self.quoted(b)
+        item = self.item
+        text = receiver_prompt(self.receiver, f"{item.context}\n\n{quoted}\n\nQuestion: {item.question}")
+        enc = self.receiver.encode(text)
+        ids = list(enc.ids)
+        sections = find_sections(self.sender.render([{"role": "user", "content": item.context}]), text, [item.context])
+        tr = await transfer(adapter, self.s_kv, self.s_enc.offsets, self.receiver, ids, enc.offsets, sections)
+        await self._run(stats, f"{name}+quote@{b:g}", ids, tr.kv, select_ms + tr.total_ms)
 
     async def mapped(self, stats: dict[str, PathStats], name: str, adapter: Adapter, b: float) -> None:
         picked, select_ms = self.chosen(b) if b > 0 else ([], 0.0)
@@ -286,7 +309,7 @@ def _report(
     adapters: Mapping[str, Adapter],
     served: str,
     budget: float,
-    lengths: list[int],
+    lengths: dict[str, list[int]],
 ) -> dict[str, Any]:
     native = stats["native"].summary(None)
     native_acc = native.get("accuracy")
@@ -332,7 +355,7 @@ def _report(
         },
         "by_kind": by_kind,
         "map_adds": _map_adds(stats, adapters),
-        "native_answer_tokens": {"median": statistics.median(lengths), "min": min(lengths)},
+        "native_answer_tokens": {m: {"median": statistics.median(v), "min": min(v)} for m, v in lengths.items()},
         "per_item": {p: {i: vars(x) for i, x in s.scores.items()} for p, s in stats.items()},
         "adapters": {name: a.manifest.metrics | {"version": a.manifest.version} for name, a in adapters.items()},
     }

@@ -382,7 +382,10 @@ def eval_cmd(
     budgets: Annotated[str, typer.Option(help="Budget sweep, comma separated (0 = map-only).")] = "0,0.02,0.05,0.1,0.2",
     paths: Annotated[
         str | None,
-        typer.Option(help="Paths to run, comma separated: no_context, sender, quote, recompute_only, adapter names."),
+        typer.Option(
+            help="Paths to run, comma separated: no_context, sender, quote, recompute_only, NAME, NAME+quote "
+            "(NAME: an adapter's name: heterofold, kv_ridge, or a --map name)."
+        ),
     ] = None,
     lengths: Annotated[
         str, typer.Option(help="Builtin suite context lengths, comma separated.")
@@ -420,7 +423,7 @@ def eval_cmd(
         err.print(f"[red]error:[/red] --budgets {budgets!r}: {exc}")
         raise typer.Exit(2) from exc
     wanted = [p for p in paths.split(",") if p] if paths else None
-    known = {*PATH_FAMILIES, *folders}
+    known = {*PATH_FAMILIES, *folders, *(f"{name}+quote" for name in folders)}
     if wanted and not set(wanted) <= known:
         err.print(f"[red]error:[/red] unknown --paths {sorted(set(wanted) - known)}; known: {sorted(known)}")
         raise typer.Exit(2)

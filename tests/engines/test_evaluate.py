@@ -65,9 +65,11 @@ def test_evaluate_runs_every_path_and_the_identities_hold(load_engine) -> None: 
     )  # fmt: skip
     paths = result["paths"]
     expected = {"native", "no_context", "sender", "heterofold", "heterofold_map_only", "kv_ridge",
-                "kv_ridge_recompute", "quote", "recompute_only"}  # fmt: skip
+                "kv_ridge_recompute", "quote", "recompute_only", "heterofold+quote", "kv_ridge+quote"}  # fmt: skip
     assert set(paths) == expected
-    assert set(result["budget_frontier"]) == {"heterofold", "kv_ridge", "quote", "recompute_only"}
+    families = {"heterofold", "kv_ridge", "quote", "recompute_only", "heterofold+quote", "kv_ridge+quote"}
+    assert set(result["budget_frontier"]) == families
+    assert set(result["budget_frontier"]["kv_ridge+quote"]) == {"0.05", "1"}  # no map-only quote
     assert set(result["heterofold_budget_frontier"]) == {"0", "0.05", "1"}
     assert paths["heterofold"]["budget"] == paths["kv_ridge_recompute"]["budget"] == 0.05
     for path in ("heterofold", "heterofold_map_only", "kv_ridge", "kv_ridge_recompute"):  # identity map = native
