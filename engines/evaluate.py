@@ -244,7 +244,7 @@ class _ItemRun:
         stats.setdefault("sender", PathStats()).scores[self.item.id] = score
 
     async def prepare_transfer(self) -> None:
-        s_text = self.sender.render([{"role": "user", "content": self.item.context}])
+        self.s_text = s_text = self.sender.render([{"role": "user", "content": self.item.context}])
         self.s_enc = self.sender.encode(s_text)
         self.s_kv, _ = await self.sender.prefill(self.s_enc.ids)
         self.sections = find_sections(s_text, self.r_text, [self.item.context])
@@ -288,7 +288,7 @@ class _ItemRun:
         text = receiver_prompt(self.receiver, f"{item.context}\n\n{quoted}\n\nQuestion: {item.question}")
         enc = self.receiver.encode(text)
         ids = list(enc.ids)
-        sections = find_sections(self.sender.render([{"role": "user", "content": item.context}]), text, [item.context])
+        sections = find_sections(self.s_text, text, [item.context])
         tr = await transfer(adapter, self.s_kv, self.s_enc.offsets, self.receiver, ids, enc.offsets, sections)
         await self._run(stats, f"{name}+quote@{b:g}", ids, tr.kv, select_ms + tr.total_ms)
 

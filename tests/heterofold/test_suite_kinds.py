@@ -78,12 +78,18 @@ def test_paraphrase_distractors_come_from_the_other_templates(items: list[TaskIt
 # --- update --------------------------------------------------------------------------------------
 
 
+def update_sentences(item: TaskItem) -> tuple[re.Match[str], re.Match[str]]:
+    """The first statement and its change, found in the item's context."""
+    first, change, _, _ = next(u for u in UPDATES.values() if u[2] == item.question)
+    old = pattern(first).search(item.context)
+    new = pattern(change, value=re.escape(item.answer)).search(item.context)
+    assert old and new, item.id
+    return old, new
+
+
 def test_update_answer_appears_once_after_the_old_value(items: list[TaskItem]) -> None:
     for item in of(items, "update"):
-        first, change, _, _ = next(u for u in UPDATES.values() if u[2] == item.question)
-        old = pattern(first).search(item.context)
-        new = pattern(change, value=re.escape(item.answer)).search(item.context)
-        assert old and new, item.id
+        old, new = update_sentences(item)
         assert old.group(1) != item.answer and old.group(1) in item.context, item.id
         assert item.context.casefold().count(item.answer.casefold()) == 1, item.id
         assert old.start() < new.start(), item.id
@@ -91,10 +97,7 @@ def test_update_answer_appears_once_after_the_old_value(items: list[TaskItem]) -
 
 def test_update_states_the_old_value_half_a_context_earlier_or_at_the_start(items: list[TaskItem]) -> None:
     for item in of(items, "update"):
-        first, change, _, _ = next(u for u in UPDATES.values() if u[2] == item.question)
-        old = pattern(first).search(item.context)
-        new = pattern(change, value=re.escape(item.answer)).search(item.context)
-        assert old and new, item.id
+        old, new = update_sentences(item)
         if item.id.split("-")[2] in ("d10", "d30"):
             assert old.start() == 0, item.id
         else:
