@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from engines.base import SamplingParams
+from engines.selectors import HopText
 from engines.sglang import SGLangEngine
 from engines.transfer import transfer
 from heterofold.adapter import Side
@@ -78,8 +79,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     await flush(sender)
     sender_kv = await sender.export(s_enc.ids) or sender_kv  # as the gateway would: from storage
     tail = args.tail
-    result = await transfer(adapter, sender_kv, s_enc.offsets[: sender_kv.num_tokens], receiver, r_enc.ids,
-                            r_enc.offsets, [Section(0, 0, len(context))], tail=tail)  # fmt: skip
+    hop = HopText(sender_kv, context, s_enc.offsets[: sender_kv.num_tokens], context + question, r_enc.ids,
+                  r_enc.offsets, [Section(0, 0, len(context))], question)  # fmt: skip
+    result = await transfer(adapter, hop, receiver, tail=tail)
     moved = await receiver.complete(r_enc.ids, params, past=result.kv)
     await sender.aclose()
     await receiver.aclose()

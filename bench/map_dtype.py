@@ -18,11 +18,10 @@ from typing import Any
 import torch
 
 from engines.base import SamplingParams
-from engines.evaluate import context_chooser, fidelity, receiver_prompt
+from engines.evaluate import eval_hop, fidelity, receiver_prompt
 from engines.local import LocalEngine
 from engines.transfer import transfer
 from heterofold.adapter import Adapter
-from heterofold.align import find_sections
 from heterofold.suite import builtin_suite
 from heterofold.tasks import is_correct
 
@@ -52,15 +51,11 @@ async def run(sender: LocalEngine, receiver: LocalEngine, adapter: Adapter, ever
         kv_n, _ = await receiver.prefill(r_ids[:-1])
         native = await receiver.complete(r_ids, greedy, past=kv_n)
         ref = await receiver.score(r_ids + list(native.token_ids), past=kv_n)
-        s_text = sender.render([{"role": "user", "content": item.context}])
-        s_enc = sender.encode(s_text)
-        s_kv, _ = await sender.prefill(s_enc.ids)
-        sections = find_sections(s_text, r_text, [item.context])
+        hop = await eval_hop(sender, receiver, item)
         row: dict[str, Any] = {"id": item.id, "native": is_correct(item.answer, native.text)}
         for budget in BUDGETS:
-            choose = context_chooser(item, r_enc.offsets, sections[0].receiver_start, budget)
             for name, ad in pinned.items():
-                tr = await transfer(ad, s_kv, s_enc.offsets, receiver, r_ids, r_enc.offsets, sections, choose=choose)
+                tr = await transfer(ad, hop, receiver, budget=budget)
                 out = await receiver.complete(r_ids, greedy, past=tr.kv)
                 kl, top1 = await fidelity(receiver, r_ids, list(native.token_ids), tr.kv, ref)
                 row[f"{name}@{budget:g}"] = {

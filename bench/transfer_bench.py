@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from engines.base import SamplingParams
-from engines.evaluate import context_chooser, receiver_prompt
+from engines.evaluate import eval_hop
 from engines.local import LocalEngine
+from engines.selectors import make_selector
 from engines.transfer import transfer
 from heterofold.adapter import Adapter
-from heterofold.align import find_sections
 from heterofold.suite import builtin_suite
 
 
@@ -57,15 +57,12 @@ async def bench_transfer(
     kv_ridge: Adapter | None,
     budget: float,
     repeats: int = 3,
+    selector: str = "lexical",
 ) -> dict[str, Any]:
     item = next(i for i in builtin_suite(lengths=(context,)) if i.id.startswith("passkey") and "-d50-" in i.id)
-    content = f"{item.context}\n\nQuestion: {item.question}"
-    r_text = receiver_prompt(receiver, content)
-    r_enc = receiver.encode(r_text)
-    s_text = sender.render([{"role": "user", "content": item.context}])
-    s_enc = sender.encode(s_text)
-    s_kv, _ = await sender.prefill(s_enc.ids)
-    sections = find_sections(s_text, r_text, [item.context])
+    hop = await eval_hop(sender, receiver, item)
+    s_kv, r_ids = hop.sender_kv, hop.receiver_ids
+    chooser = make_selector(selector)
     first = SamplingParams(max_tokens=1)
 
     native: list[float] = []
@@ -73,7 +70,7 @@ async def bench_transfer(
     recomputed: dict[str, int] = {}
     mapped_bytes = 0
     for _ in range(repeats):
-        out = await receiver.complete(r_enc.ids, first)
+        out = await receiver.complete(r_ids, first)
         native.append(out.timings.ttft_ms)
         paths = (
             ("heterofold", heterofold, budget),
@@ -83,12 +80,9 @@ async def bench_transfer(
         for path, adapter, fraction in paths:
             if adapter is None:
                 continue
-            choose = context_chooser(item, r_enc.offsets, sections[0].receiver_start, fraction)
             t0 = time.perf_counter()
-            tr = await transfer(
-                adapter, s_kv, s_enc.offsets, receiver, r_enc.ids, r_enc.offsets, sections, choose=choose
-            )
-            out = await receiver.complete(r_enc.ids, first, past=tr.kv)
+            tr = await transfer(adapter, hop, receiver, selector=chooser, budget=fraction, sender=sender)
+            out = await receiver.complete(r_ids, first, past=tr.kv)
             runs[path].ttft_ms.append((time.perf_counter() - t0) * 1000 - out.timings.queue_ms)
             runs[path].map_ms.append(tr.align_ms + tr.map_ms)
             runs[path].recompute_ms.append(tr.recompute_ms)
@@ -101,7 +95,8 @@ async def bench_transfer(
     result: dict[str, Any] = {
         "sender": sender.spec.name,
         "receiver": receiver.spec.name,
-        "context_tokens": len(r_enc.ids),
+        "context_tokens": len(r_ids),
+        "selector": chooser.name,
         "device": str(receiver.device),
         "repeats": repeats,
         "budget": budget,

@@ -98,6 +98,9 @@ StreamEvent = TokenDelta | Completion
 
 class Engine(ABC):
     spec: ModelSpec
+    # Whether ``recompute`` runs scattered positions inside an imported prefix (the embedded
+    # engine) or only a suffix (SGLang): a cross-family hop then quotes instead (gateway/hop.py).
+    recomputes_in_place: bool = True
 
     @abstractmethod
     def encode(self, text: str, *, add_special_tokens: bool = True) -> Encoding:

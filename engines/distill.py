@@ -4,7 +4,7 @@ Training examples are built the way a hop is served: the context (stdlib docstri
 time) as a user message, processed by the sender; the receiver's prompt is the context, then a
 generic question about it (``QUESTIONS``: wording and documents of their own, never the evaluation
 suite's), then ``Answer:``; the receiver's native greedy answer (``answer_tokens``) is the target.
-For each recompute budget in ``budgets`` the selector (``engines.evaluate.choose_context``) picks
+For each recompute budget in ``budgets`` the lexical selector (``engines.selectors``, as the eval runs it) picks
 the context tokens that stay native, as selective recompute leaves them: the map learns to be a
 background that helps the recomputed tokens, not one that competes with them. During fitting the
 chosen tokens take their native KV from a full native prefill (the recompute's exact result when
@@ -24,12 +24,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engines.base import SamplingParams
-from engines.evaluate import choose_context, receiver_prompt
+from engines.evaluate import eval_hop
 from engines.hf_cache import import_kv
 from engines.local import LocalEngine
-from engines.transfer import transferable_prefix
+from engines.selectors import LEXICAL, Evidence, candidates, select
 from heterofold.adapter import Adapter
-from heterofold.align import align_tokens, find_sections
 from heterofold.distill import DistillDoc, LowRankResidual, doc_features, kl_loss, split_docs
 from heterofold.kv import KVCache
 from heterofold.select import sentence_spans
@@ -75,16 +74,12 @@ async def build_docs(
     out = []
     for n, context in enumerate(contexts):
         question = _question(rng, context)
-        s_text = sender.render([{"role": "user", "content": context}])
-        s_enc = sender.encode(s_text)
-        s_kv, _ = await sender.prefill(s_enc.ids)
-        r_text = receiver_prompt(receiver, f"{context}\n\nQuestion: {question}")
-        r_enc = receiver.encode(r_text)
-        r_ids = list(r_enc.ids)
-        sections = find_sections(s_text, r_text, [context])
-        prefix = transferable_prefix(r_enc.offsets, sections)
-        src = align_tokens(s_enc.offsets, r_enc.offsets[:prefix], sections)
-        src[src >= s_kv.num_tokens] = -1
+        item = TaskItem(f"fit-{n}", context, question, "-")
+        hop = await eval_hop(sender, receiver, item)
+        s_kv, r_ids = hop.sender_kv, list(hop.receiver_ids)
+        prefix = hop.transferable_prefix()
+        src = hop.source(prefix)
+        ev = Evidence(hop, candidates(hop, src, prefix))
         dense, _ = await receiver.prefill(r_ids[:prefix], dense=True)
         full, _ = await receiver.prefill(r_ids[:-1])
         answer = list((await receiver.complete(r_ids, SamplingParams(max_tokens=answer_tokens), past=full)).token_ids)
@@ -93,10 +88,9 @@ async def build_docs(
         rows = slice(q - 1, q - 1 + len(answer))
         target = torch.log_softmax(native[rows].float(), -1)
         x_k, x_v, aligned = doc_features(adapter, s_kv, src)
-        item = TaskItem(f"fit-{n}", context, question, "-")
         docs = []
         for b in budgets:
-            chosen = set(choose_context(item, r_enc.offsets, sections[0].receiver_start, prefix, b)) if b else set()
+            chosen = set((await select(LEXICAL, ev, b)).positions) if b else set()
             keep = torch.tensor([int(p) not in chosen for p in aligned], dtype=torch.bool)
             docs.append(
                 DistillDoc(

@@ -6,9 +6,10 @@ Paths (``PATH_FAMILIES``; ``paths=`` runs a subset, native always runs):
 - ``native``: the receiver prefills everything itself (the ceiling);
 - ``no_context``: it sees only the question (the floor);
 - ``sender``: the sender answers alone, with the context;
-- ``quote@b``: no transfer at all. The selector's choice at budget ``b`` (``choose_context``), as
-  text: the chosen tokens' character spans, merged where adjacent, in context order, joined by
-  ``QUOTE_SEPARATOR``, then the question; native prefill of that short prompt;
+- ``quote@b``: no transfer at all. The selector's choice at budget ``b`` (``--selector``,
+  ``engines.selectors``; the gateway's default when not given), as text: the chosen tokens'
+  character spans, merged where adjacent, in context order, joined by ``QUOTE_SEPARATOR``
+  (``heterofold.select.elide``), then the question; native prefill of that short prompt;
 - ``recompute_only@b``: the same chosen tokens (plus the receiver's template tokens and the last
   prefix token, so the suffix continues at its true position) prefilled natively at their true
   positions with every other context token absent (dropped): what the recompute alone knows.
@@ -31,6 +32,11 @@ top-1 agreement over native's whole answer, teacher-forced.
 ``recompute_only``'s at the same budget, and minus ``quote``'s (correct as 0/1 on answer items;
 KL reduction on fidelity items), with mean, standard deviation and n, per kind.
 
+Selector recall (``selector.recall``): per budget and kind of answer item, the share whose answer
+value, and whose whole answer-bearing sentence, the selector chose (``heterofold.select.answer_recall``),
+and the selector's median time. Every transfer runs ``engines.transfer.transfer``, the gateway's
+own function, on the hop ``eval_hop`` builds with the gateway's sections function.
+
 TTFT of a transfer path counts everything from the sender KV in memory to the receiver's first
 token; quote and recompute_only include the selector's time.
 """
@@ -40,23 +46,23 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from engines.base import SamplingParams
 from engines.local import LocalEngine
-from engines.transfer import transfer, transferable_prefix
+from engines.selectors import Evidence, HopText, Selection, Selector, candidates, make_selector, select
+from engines.transfer import transfer
 from heterofold.adapter import Adapter
-from heterofold.align import align_tokens, find_sections
+from heterofold.align import shared_sections
 from heterofold.kv import KVCache
 from heterofold.metrics import first_token_kl, mean_kl, top1_agreement
-from heterofold.select import select_tokens
+from heterofold.select import answer_recall, elide
 from heterofold.tasks import TaskItem, is_correct
 
 BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2)
-QUOTE_SEPARATOR = "\n...\n"
 PATH_FAMILIES = ("no_context", "sender", "quote", "recompute_only")  # plus two per adapter: NAME, NAME+quote
 
 
@@ -102,21 +108,18 @@ def receiver_prompt(engine: LocalEngine, content: str) -> str:
     return text + (" Answer:" if text.endswith(":") else "Answer:")
 
 
-def choose_context(
-    item: TaskItem, offsets: Sequence[tuple[int, int]], ctx_start: int, prefix: int, fraction: float
-) -> list[int]:
-    """The selector over the receiver's context tokens (those inside the context section, before
-    ``prefix``): prompt positions to recompute natively, or to quote."""
-    inside = [j for j, (a, b) in enumerate(offsets[:prefix]) if a >= ctx_start and b > a]
-    rel = [(offsets[j][0] - ctx_start, offsets[j][1] - ctx_start) for j in inside]
-    return [inside[i] for i in select_tokens(item.context, rel, item.question, fraction)]
-
-
-def context_chooser(
-    item: TaskItem, offsets: Sequence[tuple[int, int]], ctx_start: int, fraction: float
-) -> Callable[[torch.Tensor, int], list[int]]:
-    """``choose_context`` as the ``choose(src, prefix)`` callback of ``engines.transfer.transfer``."""
-    return lambda src, prefix: choose_context(item, offsets, ctx_start, prefix, fraction)
+async def eval_hop(sender: LocalEngine, receiver: LocalEngine, item: TaskItem) -> HopText:
+    """The hop an evaluation item makes: the sender reads the context (its own prompt: the context
+    as a user message); the receiver is asked ``{context}\\n\\nQuestion: {question}``."""
+    s_text = sender.render([{"role": "user", "content": item.context}])
+    s_enc = sender.encode(s_text)
+    s_kv, _ = await sender.prefill(s_enc.ids)
+    r_text = receiver_prompt(receiver, f"{item.context}\n\nQuestion: {item.question}")
+    r_enc = receiver.encode(r_text)
+    sections = shared_sections(s_text, r_text, [item.context])
+    if not sections:
+        raise ValueError(f"item {item.id}: the context is not shared by the two prompts")
+    return HopText(s_kv, s_text, s_enc.offsets, r_text, r_enc.ids, r_enc.offsets, sections, item.question)
 
 
 async def fidelity(
@@ -126,18 +129,6 @@ async def fidelity(
     logits = await receiver.score(r_ids + answer, past=kv)  # rows for positions kv.num_tokens..
     rows = logits[len(r_ids) - 1 - kv.num_tokens :]  # (1 + len(answer), V), aligned with ref
     return first_token_kl(ref[0], rows[0]), top1_agreement(ref[:-1] if answer else ref, rows[:-1] if answer else rows)
-
-
-def quote_text(context: str, offsets: Sequence[tuple[int, int]]) -> str:
-    """The chosen tokens' spans ``offsets`` (relative to ``context``, in order) as text: spans that
-    touch or are separated only by whitespace merge; the pieces are joined by ``QUOTE_SEPARATOR``."""
-    pieces: list[list[int]] = []
-    for a, b in offsets:
-        if pieces and not context[pieces[-1][1] : a].strip():
-            pieces[-1][1] = max(pieces[-1][1], b)
-        else:
-            pieces.append([a, b])
-    return QUOTE_SEPARATOR.join(context[a:b].strip() for a, b in pieces)
 
 
 async def evaluate(
@@ -150,20 +141,28 @@ async def evaluate(
     budget: float = 0.02,
     budgets: Sequence[float] = BUDGETS,
     paths: Sequence[str] | None = None,
+    selector: str = "lexical",
+    scout: LocalEngine | None = None,
     max_tokens: int = 24,
     fidelity_tokens: int = 64,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Every path on ``items`` (module docstring). ``adapters`` maps a method name to its adapter;
     ``served`` names the one the gateway serves, reported as ``paths.heterofold`` at ``budget``.
-    ``paths`` picks families from ``PATH_FAMILIES`` and ``adapters`` (default: all)."""
+    ``paths`` picks families from ``PATH_FAMILIES`` and ``adapters`` (default: all). ``selector``
+    (``engines.selectors``) chooses for every path; one that reads the mapped cache reads
+    ``served``'s map; ``scout`` is the scout selector's reader."""
     known = [*PATH_FAMILIES, *adapters, *(f"{name}+quote" for name in adapters)]
     wanted = set(paths) if paths is not None else set(known)
     unknown = wanted - set(known) - {"native"}
     if unknown:
         raise ValueError(f"unknown paths {sorted(unknown)}: choose from {known}")
     sweep = sorted(set(budgets) | {budget})
+    chooser = make_selector(selector)
+    if chooser.needs_map and served not in adapters:
+        raise ValueError(f"selector {selector} reads the mapped cache: give the served adapter {served!r}")
     stats: dict[str, PathStats] = {}
+    recalls: dict[str, dict[str, list[Any]]] = {}  # budget -> [(kind, answer hit, sentence hit, ms)]
     lengths: dict[str, list[int]] = {}  # native answer tokens per metric
     for n, item in enumerate(items):
         ev = _ItemRun(sender, receiver, item, max_tokens if item.metric == "answer" else fidelity_tokens)
@@ -173,8 +172,10 @@ async def evaluate(
             await ev.no_context(stats)
         if "sender" in wanted and item.metric == "answer":
             await ev.sender_alone(stats)
-        await ev.prepare_transfer()
+        await ev.prepare_transfer(chooser, adapters.get(served), scout)
         for b in (b for b in sweep if b > 0):
+            if item.metric == "answer":
+                recalls.setdefault(f"{b:g}", {}).setdefault(item.kind or "all", []).append(await ev.recall(b))
             if "quote" in wanted:
                 await ev.quote(stats, b)
             if "recompute_only" in wanted:
@@ -188,7 +189,9 @@ async def evaluate(
                     await ev.mapped_quote(stats, name, adapter, b)
         if progress:
             progress("eval", n + 1, len(items))
-    return _report(sender, receiver, items, stats, adapters, served, budget, lengths)
+    report = _report(sender, receiver, items, stats, adapters, served, budget, lengths)
+    report["selector"] = {"name": chooser.name, "recall": _recall_summary(recalls)}
+    return report
 
 
 class _ItemRun:
@@ -202,7 +205,7 @@ class _ItemRun:
         self.r_ids = list(self.r_enc.ids)
         self.answer: list[int] = []
         self.ref = torch.empty(0)
-        self._chosen: dict[float, tuple[list[int], float]] = {}
+        self._chosen: dict[float, Selection] = {}
 
     def _record(self, stats: dict[str, PathStats], path: str, output: str, ttft: float, rows: torch.Tensor) -> None:
         """``rows``: the path's logits ``(1 + len(answer), V)`` aligned with native's ``ref``."""
@@ -243,62 +246,90 @@ class _ItemRun:
         score = Score(self.item.kind or "all", is_correct(self.item.answer, alone.text), alone.timings.ttft_ms)
         stats.setdefault("sender", PathStats()).scores[self.item.id] = score
 
-    async def prepare_transfer(self) -> None:
-        self.s_text = s_text = self.sender.render([{"role": "user", "content": self.item.context}])
-        self.s_enc = self.sender.encode(s_text)
-        self.s_kv, _ = await self.sender.prefill(self.s_enc.ids)
-        self.sections = find_sections(s_text, self.r_text, [self.item.context])
-        self.ctx_start = self.sections[0].receiver_start
-        self.prefix = transferable_prefix(self.r_enc.offsets, self.sections)
-        src = align_tokens(self.s_enc.offsets, self.r_enc.offsets[: self.prefix], self.sections)
+    async def prepare_transfer(self, selector: Selector, served: Adapter | None, scout: LocalEngine | None) -> None:
+        self.hop = hop = await eval_hop(self.sender, self.receiver, self.item)
+        self.prefix = hop.transferable_prefix()
+        src = hop.source(self.prefix)
         self.unaligned = (src < 0).nonzero().squeeze(1).tolist()
+        self.selector, self.served = selector, served
+        self.evidence = Evidence(hop, candidates(hop, src, self.prefix), self.sender, self.receiver, None, scout)
+        self.q_start = hop.receiver_text.index(self.item.context)
+        self._map_ms = 0.0
 
-    def chosen(self, b: float) -> tuple[list[int], float]:
-        """The selector's positions at budget ``b`` and the time it took (ms), computed once."""
+    async def chosen(self, b: float) -> Selection:
+        """The selector's choice at budget ``b``, made once for every path (a selector that reads
+        the mapped cache reads the served adapter's map-only cache, whose time it is charged)."""
         if b not in self._chosen:
-            t0 = time.perf_counter()
-            picked = choose_context(self.item, self.r_enc.offsets, self.ctx_start, self.prefix, b)
-            self._chosen[b] = picked, (time.perf_counter() - t0) * 1000
+            if self.selector.needs_map and self.evidence.mapped is None:
+                assert self.served is not None
+                tr = await transfer(self.served, self.hop, self.receiver)
+                self.evidence = replace(self.evidence, mapped=tr.kv)
+                self._map_ms = tr.total_ms
+            sel = await select(self.selector, self.evidence, b)
+            self._chosen[b] = replace(sel, ms=sel.ms + self._map_ms)
         return self._chosen[b]
 
-    def quoted(self, b: float) -> tuple[str, float]:
-        picked, select_ms = self.chosen(b)
-        rel = [(self.r_enc.offsets[j][0] - self.ctx_start, self.r_enc.offsets[j][1] - self.ctx_start) for j in picked]
-        return quote_text(self.item.context, rel), select_ms
+    async def recall(self, b: float) -> tuple[bool, bool, float]:
+        sel = await self.chosen(b)
+        spans = [
+            (self.r_enc.offsets[j][0] - self.q_start, self.r_enc.offsets[j][1] - self.q_start) for j in sel.positions
+        ]
+        value, sentence = answer_recall(self.item.context, self.item.answer, spans)
+        return value, sentence, sel.ms
+
+    async def quoted(self, b: float) -> tuple[str, float]:
+        sel = await self.chosen(b)
+        return elide(self.r_text, [self.r_enc.offsets[j] for j in sel.positions]), sel.ms
 
     async def quote(self, stats: dict[str, PathStats], b: float) -> None:
-        quoted, select_ms = self.quoted(b)
+        quoted, select_ms = await self.quoted(b)
         ids = list(
             self.receiver.encode(receiver_prompt(self.receiver, f"{quoted}\n\nQuestion: {self.item.question}")).ids
         )
         await self._run(stats, f"quote@{b:g}", ids, None, select_ms)
 
     async def recompute_only(self, stats: dict[str, PathStats], b: float) -> None:
-        picked, select_ms = self.chosen(b)
-        kept = sorted(set(picked) | set(self.unaligned) | {self.prefix - 1})
+        sel = await self.chosen(b)
+        kept = sorted(set(sel.positions) | set(self.unaligned) | {self.prefix - 1})
         t0 = time.perf_counter()
         kv = await self.receiver.prefill_at([self.r_ids[j] for j in kept], kept)
         prefill_ms = (time.perf_counter() - t0) * 1000
         ids = [self.r_ids[j] for j in kept] + self.r_ids[self.prefix :]
-        await self._run(stats, f"recompute_only@{b:g}", ids, kv, select_ms + prefill_ms)
+        await self._run(stats, f"recompute_only@{b:g}", ids, kv, sel.ms + prefill_ms)
 
     async def mapped_quote(self, stats: dict[str, PathStats], name: str, adapter: Adapter, b: float) -> None:
-        quoted, select_ms = self.quoted(b)
+        quoted, select_ms = await self.quoted(b)
         item = self.item
         text = receiver_prompt(self.receiver, f"{item.context}\n\n{quoted}\n\nQuestion: {item.question}")
         enc = self.receiver.encode(text)
         ids = list(enc.ids)
-        sections = find_sections(self.s_text, text, [item.context])
-        tr = await transfer(adapter, self.s_kv, self.s_enc.offsets, self.receiver, ids, enc.offsets, sections)
+        hop = replace(self.hop, receiver_text=text, receiver_ids=enc.ids, receiver_offsets=enc.offsets,
+                      sections=shared_sections(self.hop.sender_text, text, [item.context]))  # fmt: skip
+        tr = await transfer(adapter, hop, self.receiver)
         await self._run(stats, f"{name}+quote@{b:g}", ids, tr.kv, select_ms + tr.total_ms)
 
     async def mapped(self, stats: dict[str, PathStats], name: str, adapter: Adapter, b: float) -> None:
-        picked, select_ms = self.chosen(b) if b > 0 else ([], 0.0)
-        tr = await transfer(
-            adapter, self.s_kv, self.s_enc.offsets, self.receiver, self.r_ids, self.r_enc.offsets, self.sections,
-            choose=lambda src, prefix: picked,
-        )  # fmt: skip
-        await self._run(stats, f"{name}@{b:g}", self.r_ids, tr.kv, select_ms + tr.total_ms)
+        sel = await self.chosen(b) if b > 0 else Selection([], 0.0)
+        tr = await transfer(adapter, self.hop, self.receiver, selection=sel)
+        await self._run(stats, f"{name}@{b:g}", self.r_ids, tr.kv, sel.ms + tr.total_ms)
+
+
+def _recall_summary(recalls: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
+    """Per budget and kind: the share of answer items whose answer (and whole answer sentence) the
+    selector chose, and the selector's median time."""
+    out: dict[str, Any] = {}
+    for b, by_kind in recalls.items():
+        rows = {**by_kind, "all": [r for rs in by_kind.values() for r in rs]}
+        out[b] = {
+            kind: {
+                "answer": round(sum(r[0] for r in rs) / len(rs), 4),
+                "sentence": round(sum(r[1] for r in rs) / len(rs), 4),
+                "ms": round(statistics.median(r[2] for r in rs), 1),
+                "n": len(rs),
+            }
+            for kind, rs in rows.items()
+        }
+    return out
 
 
 def _report(

@@ -19,6 +19,7 @@ from engines.detok import Detokenizer
 from engines.errors import KVMismatch, PromptTooLong
 from engines.hf_cache import dense_cache, export_kv, import_kv
 from engines.loader import LoadedModel, load_converted
+from engines.probe import probing
 from engines.recompute import recompute_sync
 from engines.templates import TokenizerText, default_stops
 from engines.worker import Worker
@@ -81,6 +82,17 @@ class LocalEngine(TokenizerText, Engine):
 
     async def score(self, ids: Sequence[int], *, past: KVCache | None = None) -> torch.Tensor:
         return await self._worker.submit(lambda: self._score_sync(list(ids), past))
+
+    async def attention(self, ids: Sequence[int], *, past: KVCache | None = None, rows: int = 1) -> torch.Tensor:
+        """Where the last ``rows`` of ``ids`` look: their attention weights over all of ``ids``
+        (cached or not), averaged over heads, ``(layers, rows, len(ids))`` for the full-attention
+        layers from a third of the depth up (``attention_layers``). ``past`` as in ``score``."""
+        return await self._worker.submit(lambda: self._attention_sync(list(ids), past, rows))
+
+    def attention_layers(self) -> list[int]:
+        """The layers ``attention`` reads: full-attention ones, from a third of the depth up."""
+        n = self.spec.num_layers
+        return [i for i, w in enumerate(self.spec.windows) if w == 0 and i >= n // 3]
 
     async def stream(
         self,
@@ -190,6 +202,20 @@ class LocalEngine(TokenizerText, Engine):
         cache, start, at = self._start(ids, past)
         logits, _ = self._forward(ids[start:], cache, at, keep=0)
         return logits.cpu()
+
+    @torch.inference_mode()
+    def _attention_sync(self, ids: list[int], past: KVCache | None, rows: int) -> torch.Tensor:
+        self._check_length(len(ids))
+        cache, start, at = self._start(ids, past)
+        layers = self.attention_layers()
+        with probing(self.model, layers) as record:
+            self._forward(ids[start:], cache, at)
+        out = []
+        for layer in layers:
+            weights = record[layer]
+            assert weights is not None, f"layer {layer} recorded no attention"
+            out.append(weights[-rows:])  # (rows, len(ids)): the last rows, over every key
+        return torch.stack(out)
 
     @torch.inference_mode()
     def _prefill_at_sync(self, ids: list[int], positions: list[int]) -> KVCache:

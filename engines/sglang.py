@@ -122,6 +122,8 @@ def config_fingerprint(config: Mapping[str, Any], model_path: str) -> str:
 
 
 class SGLangEngine(TokenizerText, Engine):
+    recomputes_in_place = False  # recompute cuts the prefix at the first chosen position (module docstring)
+
     def __init__(
         self, *, client: httpx.AsyncClient, info: ServerInfo, tokenizer: Any, spec: ModelSpec,
         pages: PageStore | None = None, capacity: int = 8, export_wait_s: float = 2.0, model_dtype: str = "bfloat16",

@@ -4,7 +4,9 @@
         ──engine.recompute(positions)──▶ receiver KV in its own layout ──engine.stream(past=...)
 
 Positions recomputed natively: every receiver token without a sender token (BOS, template
-markers), the tail window W, and the selector's choice under the budget (``heterofold.select``).
+markers), the tail window W, and the selector's choice under the budget (``engines.selectors``).
+A selector that reads the mapped cache (receiver-attention) gets a first, map-only pass.
+``transferable_prefix`` is re-exported from ``engines.selectors``.
 Also ``collect_pairs``: running both models on fit texts to give ``FitPair``s.
 """
 
@@ -12,11 +14,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from engines.base import Engine
+from engines.selectors import (
+    LEXICAL,
+    Evidence,
+    HopText,
+    Selection,
+    Selector,
+    candidates,
+    select,
+)  # fmt: skip
 from heterofold.adapter import Adapter
 from heterofold.align import Section, align_tokens
 from heterofold.fit import FitPair
@@ -29,24 +40,15 @@ class TransferResult:
     prefix: int  # receiver tokens covered
     mapped: int  # of which mapped from the sender
     recomputed: int  # of which recomputed natively
+    chosen: tuple[int, ...]  # the selector's positions (a subset of the recomputed ones)
+    select_ms: float
     align_ms: float
     map_ms: float
     recompute_ms: float
 
     @property
     def total_ms(self) -> float:
-        return self.align_ms + self.map_ms + self.recompute_ms
-
-
-def transferable_prefix(receiver_offsets: Sequence[tuple[int, int]], sections: Sequence[Section]) -> int:
-    """Receiver tokens before the first token that ends after the last shared section."""
-    if not sections:
-        return 0
-    end = sections[-1].receiver_start + sections[-1].length
-    for j, (_, b) in enumerate(receiver_offsets):
-        if b > end:
-            return j
-    return len(receiver_offsets)
+        return self.select_ms + self.align_ms + self.map_ms + self.recompute_ms
 
 
 def sliding_rows(windows: Sequence[int], prefix: int, chosen: Sequence[int]) -> list[torch.Tensor | None]:
@@ -72,43 +74,59 @@ def sliding_rows(windows: Sequence[int], prefix: int, chosen: Sequence[int]) -> 
 
 async def transfer(
     adapter: Adapter,
-    sender_kv: KVCache,
-    sender_offsets: Sequence[tuple[int, int]],
+    hop: HopText,
     receiver: Engine,
-    receiver_ids: Sequence[int],
-    receiver_offsets: Sequence[tuple[int, int]],
-    sections: Sequence[Section],
     *,
-    choose: Callable[[torch.Tensor, int], Sequence[int]] = lambda src, prefix: (),
+    selector: Selector = LEXICAL,
+    budget: float = 0.0,
     tail: int = 0,
+    sender: Engine | None = None,
+    scout: Engine | None = None,
+    selection: Selection | None = None,
 ) -> TransferResult:
-    """Build the receiver's KV for its prompt prefix from ``sender_kv``.
+    """Build the receiver's KV for its prompt prefix from the hop's sender KV: the one transfer
+    path that the gateway, ``heterofold eval`` and the benches all run (module docstring).
 
-    ``choose(src, prefix)`` names extra positions to recompute (the selector); ``tail`` adds the
-    last ``tail`` prefix tokens. Raises FingerprintMismatch for another model's adapter or KV.
+    ``selector`` chooses ``budget`` of the candidate context tokens to recompute natively
+    (``engines.selectors``; ``sender`` and ``scout`` are the engines it may read); ``selection``
+    passes a choice made already instead. ``tail`` adds the last ``tail`` prefix tokens. Raises
+    FingerprintMismatch for another model's adapter or KV, SelectorUnavailable when the selector
+    needs an engine the hop lacks.
     """
-    adapter.check(sender_kv.fingerprint, receiver.spec.fingerprint)
+    adapter.check(hop.sender_kv.fingerprint, receiver.spec.fingerprint)
     t0 = time.perf_counter()
-    prefix = transferable_prefix(receiver_offsets, sections)
-    src = align_tokens(sender_offsets, receiver_offsets[:prefix], sections)
-    src[src >= sender_kv.num_tokens] = -1  # text the sender's KV does not cover
+    prefix = hop.transferable_prefix()
+    src = hop.source(prefix)
     unaligned = (src < 0).nonzero().squeeze(1).tolist()
-    positions = set(unaligned) | set(range(max(prefix - tail, 0), prefix)) | set(choose(src, prefix))
-    chosen = sorted(p for p in positions if 0 <= p < prefix)
-    rows = sliding_rows(receiver.spec.windows, prefix, chosen)
+    ids = torch.tensor(list(hop.receiver_ids[:prefix]))
     t1 = time.perf_counter()
-    dense = adapter.apply(sender_kv, src, torch.tensor(list(receiver_ids[:prefix])), rows)
+    map_ms = 0.0
+    dense = None
+    if selection is None:
+        ev = Evidence(hop, candidates(hop, src, prefix), sender, receiver, None, scout)
+        if selector.needs_map and budget > 0:
+            dense = adapter.apply(hop.sender_kv, src, ids, None)
+            map_ms = (time.perf_counter() - t1) * 1000
+            ev = replace(ev, mapped=await receiver.recompute(dense, unaligned))
+        selection = await select(selector, ev, budget)
+    positions = set(unaligned) | set(range(max(prefix - tail, 0), prefix)) | set(selection.positions)
+    chosen = sorted(p for p in positions if 0 <= p < prefix)
     t2 = time.perf_counter()
-    kv = await receiver.recompute(dense, chosen)
+    if dense is None:
+        dense = adapter.apply(hop.sender_kv, src, ids, sliding_rows(receiver.spec.windows, prefix, chosen))
     t3 = time.perf_counter()
+    kv = await receiver.recompute(dense, chosen)
+    t4 = time.perf_counter()
     return TransferResult(
         kv=kv,
         prefix=prefix,
         mapped=prefix - len(unaligned),
-        recomputed=len(positions),
+        recomputed=len(chosen),
+        chosen=tuple(selection.positions),
+        select_ms=selection.ms,
         align_ms=(t1 - t0) * 1000,
-        map_ms=(t2 - t1) * 1000,
-        recompute_ms=(t3 - t2) * 1000,
+        map_ms=map_ms + (t3 - t2) * 1000,
+        recompute_ms=(t4 - t3) * 1000,
     )
 
 

@@ -95,7 +95,7 @@ class ChatService:
         policy = cfg.policy if request.kv_reuse else NO_REUSE
         hop = Hop(
             role=role, engine_name=cfg.engine, engine=engine, policy=policy, tail_window=cfg.tail_window,
-            ids=enc.ids, offsets=enc.offsets, text=text, contents=[m["content"] for m in messages],
+            ids=enc.ids, offsets=enc.offsets, text=text, messages=messages,
             question=users[-1] if users else "", tenant=tenant, conversation_id=conversation_id,
         )  # fmt: skip
         return Prepared(pooled, hop, params, "turn" if policy.store_turns else "none")
@@ -107,14 +107,14 @@ class ChatService:
         await self._previous_turn_stored(hop)
         plan = await self.planner.plan(hop)
         plan_ms = (time.perf_counter() - t0) * 1000
-        events = engine.stream(hop.ids, prepared.params, past=plan.past, export=prepared.export)
+        events = engine.stream(plan.ids(hop), prepared.params, past=plan.past, export=prepared.export)
         try:
             try:
                 first = await self._next(prepared, events)
             except KVMismatch as exc:
                 if plan.past is None:
                     raise
-                plan = HopPlan("native", fallback=self.fallbacks.record("engine", exc, hop.role))
+                plan = HopPlan("native", fallback=self.fallbacks.record("engine", exc, hop.role), inputs=plan.inputs)
                 await _close(events)
                 events = engine.stream(hop.ids, prepared.params, export=prepared.export)
                 first = await self._next(prepared, events)
@@ -163,7 +163,8 @@ class ChatService:
         cached = t.cached_tokens
         if plan.path == "native":
             pooled.observe_prefill(t.prompt_tokens - cached, t.prefill_ms)
-        saved_ms = pooled.ms_per_token * cached - plan.transfer_ms if cached else 0.0
+        skipped = cached + len(hop.ids) - len(plan.ids(hop))  # imported, or cut from the prompt by a quote
+        saved_ms = pooled.ms_per_token * skipped - plan.transfer_ms if skipped else 0.0
         ttft_ms = plan_ms + t.ttft_ms
         usage = Usage(
             prompt_tokens=t.prompt_tokens,
@@ -185,10 +186,10 @@ class ChatService:
         m = self.metrics
         m.requests.labels(hop.role, plan.path).inc()
         m.ttft.labels(hop.role, plan.path).observe(ttft_ms / 1000)
-        if cached:
-            m.prefill_tokens_saved.labels(hop.role, plan.path).inc(cached)
+        if skipped:
+            m.prefill_tokens_saved.labels(hop.role, plan.path).inc(skipped)
             m.prefill_seconds_saved.labels(hop.role, plan.path).inc(max(saved_ms, 0.0) / 1000)
-        if plan.path == "transfer" and plan.route:
+        if plan.path in ("transfer", "map_quote", "quote") and plan.route:
             m.transfer.labels(plan.route).observe(plan.transfer_ms / 1000)
             m.transferred_tokens.labels(plan.route).inc(plan.tokens_transferred)
         if self.journal is not None:
@@ -214,7 +215,8 @@ class ChatService:
 
     async def _after(self, prepared: Prepared, plan: HopPlan, done: Completion, saved_ms: float) -> None:
         hop = prepared.hop
-        finished = FinishedTurn(prepared.pooled, hop.tenant, hop.conversation_id, hop.text, tuple(hop.offsets), done)
+        text, offsets = (hop.text, hop.offsets) if plan.prompt is None else (plan.prompt.text, plan.prompt.offsets)
+        finished = FinishedTurn(prepared.pooled, hop.tenant, hop.conversation_id, text, tuple(offsets), done)
         await self.recorder.record(finished)
         if plan.cached_tokens:
             scope = self.store.scope(hop.engine.spec.fingerprint, hop.tenant)

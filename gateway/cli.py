@@ -30,6 +30,7 @@ from rich.table import Table
 from engines.catalog import CATALOG, ZooEntry, resolve
 from engines.errors import EngineError
 from engines.zoo import Zoo
+from gateway.settings import TransferPolicy
 from heterofold.errors import HeteroFoldError
 
 app = typer.Typer(help="HeteroFold Gateway: carry KV caches across model families.", no_args_is_help=True)
@@ -44,6 +45,11 @@ CacheDir = Annotated[
     typer.Option("--cache-dir", envvar="HETEROFOLD_CACHE_DIR", help="Zoo cache (default ~/.cache/heterofold)."),
 ]
 ModelArg = Annotated[str, typer.Argument(help="A model name from `heterofold models list`, or `all`.")]
+DEFAULT_SELECTOR = TransferPolicy().selector  # what the gateway serves unless a role says otherwise
+SELECTOR_HELP = (
+    "Selector (engines/selectors.py): lexical, sender-attention, receiver-attention, scout, or several joined "
+    "by '+' (their union). Default: the gateway's."
+)
 
 
 @contextmanager
@@ -254,6 +260,61 @@ def bench_store(
     print(json.dumps(result.to_json(), indent=2) if json_out else report(result))
 
 
+@bench_app.command("selectors")
+def bench_selectors(
+    sender: Annotated[str, typer.Option(help="Sender zoo model.")],
+    receiver: Annotated[str, typer.Option(help="Receiver zoo model.")],
+    data: Annotated[str, typer.Option(help="JSONL file of {id, context, question, answer}, or `builtin`.")] = "builtin",
+    lengths: Annotated[str, typer.Option(help="Builtin suite context lengths, comma separated.")] = "1024",
+    kinds: Annotated[str, typer.Option(help="Builtin suite kinds, comma separated.")] = (
+        "passkey,multikey,facts,handoff,paraphrase,update,chain"
+    ),
+    per_cell: Annotated[int, typer.Option(min=1, help="Builtin items per (kind, length, variant).")] = 1,
+    adapter: Annotated[
+        Path | None, typer.Option(help="Adapter whose map receiver-attention reads (default: S__R/kv-ridge if fitted).")
+    ] = None,
+    scout: Annotated[bool, typer.Option(help="Also run the scout selector (loads the scout model).")] = True,
+    budgets: Annotated[str, typer.Option(help="Budgets, comma separated.")] = "0.01,0.02,0.05",
+    quote_budget: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Budget of the quote accuracy (0: skip).")
+    ] = 0.02,
+    native: Annotated[bool, typer.Option(help="Also measure the receiver's native accuracy.")] = True,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
+    cache_dir: CacheDir = None,
+) -> None:
+    """Answer recall of every selector at each budget on the same items, its time, and quote accuracy."""
+    from bench.selectors import compare, markdown
+    from engines.local import LocalEngine
+    from engines.selectors import SCOUT
+    from heterofold.adapter import Adapter
+    from heterofold.suite import builtin_suite
+    from heterofold.tasks import load_jsonl
+
+    with _errors():
+        if data == "builtin":
+            items = builtin_suite(lengths=tuple(int(x) for x in lengths.split(",")), per_cell=per_cell,
+                                  kinds=tuple(k for k in kinds.split(",") if k))  # fmt: skip
+        else:
+            items = load_jsonl(data)
+        zoo = Zoo(cache_dir)
+        s, r = LocalEngine.from_zoo(sender, zoo=zoo), LocalEngine.from_zoo(receiver, zoo=zoo)
+        loaded = {sender: s, receiver: r}
+        reader = (loaded.get(SCOUT) or LocalEngine.from_zoo(SCOUT, zoo=zoo)) if scout else None
+        folder = adapter or Path("artifacts/adapters") / f"{sender}__{receiver}" / "kv-ridge"
+        fps = {"sender_fingerprint": s.spec.fingerprint, "receiver_fingerprint": r.spec.fingerprint}
+        mapped = Adapter.load(folder, **fps) if adapter or folder.exists() else None
+        with _progress_bars(f"{sender} -> {receiver}") as progress:
+            result = asyncio.run(
+                compare(s, r, items, adapter=mapped, scout=reader, budgets=[float(b) for b in budgets.split(",")],
+                        quote_budget=quote_budget or None, native=native, progress=progress)
+            )  # fmt: skip
+    console.print(markdown(result))
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result, indent=2))
+        console.print(f"wrote {json_out}")
+
+
 @bench_app.command("transfer")
 def bench_transfer(
     sender: Annotated[str, typer.Option(help="Sender zoo model.")],
@@ -269,6 +330,7 @@ def bench_transfer(
         float, typer.Option(min=0.0, max=1.0, help="HeteroFold recompute budget (BENCHMARKS.md recommends 0.02).")
     ] = 0.02,
     repeats: Annotated[int, typer.Option(min=1)] = 3,
+    selector: Annotated[str, typer.Option(help=SELECTOR_HELP)] = DEFAULT_SELECTOR,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
@@ -285,7 +347,8 @@ def bench_transfer(
         hf = Adapter.load(adapter or base / "heterofold", **fps)
         ridge_dir = ridge or base / "kv-ridge"
         kr = Adapter.load(ridge_dir, **fps) if ridge or ridge_dir.exists() else None
-        result = run_bench(s, r, context=context, heterofold=hf, kv_ridge=kr, budget=budget, repeats=repeats)
+        result = run_bench(s, r, context=context, heterofold=hf, kv_ridge=kr, budget=budget, repeats=repeats,
+                           selector=selector)  # fmt: skip
     console.print(json.dumps(result, indent=2))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -394,6 +457,7 @@ def eval_cmd(
     per_cell: Annotated[int, typer.Option(min=1, help="Builtin items per (kind, length, variant).")] = 1,
     limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N items.")] = None,
     every: Annotated[int, typer.Option(min=1, help="Evaluate every Nth item (a balanced subset).")] = 1,
+    selector: Annotated[str, typer.Option(help=SELECTOR_HELP)] = DEFAULT_SELECTOR,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
@@ -440,16 +504,40 @@ def eval_cmd(
         s, r = LocalEngine.from_zoo(sender, zoo=zoo), LocalEngine.from_zoo(receiver, zoo=zoo)
         fps = {"sender_fingerprint": s.spec.fingerprint, "receiver_fingerprint": r.spec.fingerprint}
         maps = {name: Adapter.load(folder, **fps) for name, folder in folders.items()}
+        scout = _scout(selector, zoo, {sender: s, receiver: r})
         with _progress_bars(f"{sender} -> {receiver}") as progress:
             result = asyncio.run(
                 evaluate(s, r, items, adapters=maps, served=served, budget=budget, budgets=sweep, paths=wanted,
-                         progress=progress)
+                         selector=selector, scout=scout, progress=progress)
             )  # fmt: skip
     console.print(eval_table(result, f"{sender} -> {receiver}, {result['items']} items"))
+    console.print(recall_table(result["selector"], f"selector {result['selector']['name']}: answer recall"))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=2))
         console.print(f"wrote {json_out}")
+
+
+def _scout(selector: str, zoo: Zoo, loaded: dict[str, Any]) -> Any:
+    """The scout selector's reader (``engines.selectors.SCOUT``), when ``selector`` uses it."""
+    from engines.local import LocalEngine
+    from engines.selectors import SCOUT, make_selector
+
+    make_selector(selector)  # ValueError: the known names
+    if "scout" not in selector.split("+"):
+        return None
+    return loaded.get(SCOUT) or LocalEngine.from_zoo(SCOUT, zoo=zoo)
+
+
+def recall_table(selector: dict[str, Any], title: str) -> Table:
+    """Per budget and kind: how often the selector chose the answer, and its whole sentence."""
+    table = Table(title=title)
+    for col in ("budget", "kind", "n", "answer recall", "sentence recall", "selector ms"):
+        table.add_column(col)
+    for b, by_kind in selector["recall"].items():
+        for kind, v in by_kind.items():
+            table.add_row(b, kind, str(v["n"]), f"{v['answer']:.2f}", f"{v['sentence']:.2f}", f"{v['ms']:.1f}")
+    return table
 
 
 def eval_table(result: dict[str, Any], title: str) -> Table:

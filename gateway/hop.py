@@ -1,11 +1,21 @@
 """The hop decision (DESIGN.md, "One hop, end to end", steps 2-3 and 5).
 
 1. ``prefix``: the longest cached prefix of the prompt for the receiver's own model (and tenant).
-2. ``transfer``: when step 1 leaves at least ``min_uncached_tokens`` uncached, the conversation's
-   latest turn came from another model (or another role on this model), and an adapter serves
-   (sender fingerprint, receiver fingerprint): load the sender's KV, align the shared sections,
-   map, recompute natively the unaligned tokens, the tail window W and the selector's budget.
-   It is taken when it covers more of the prompt than step 1.
+2. A cross-model hop, when step 1 leaves at least ``min_uncached_tokens`` uncached and the
+   conversation's latest turn came from another model (or another role on this model) and shares
+   text with this prompt (``heterofold.align.shared_sections``). The role's selector
+   (``policy.selector``, ``engines/selectors.py``) chooses ``recompute_budget`` of the shared
+   context's tokens, and the route's path (``policy.path``; by default ``transfer`` on an engine
+   that recomputes in place, ``quote`` on one that cannot, such as SGLang) says what is done
+   with them:
+   - ``transfer``: with the adapter that serves (sender fingerprint, receiver fingerprint), map
+     the sender's KV and recompute natively the unaligned tokens, the tail window W and the
+     chosen ones (``engines.transfer.transfer``); taken when it covers more than step 1;
+   - ``map_quote``: the map with no recompute (template tokens aside), and the chosen spans quoted
+     as text at the head of the new message, which the receiver prefills with the suffix;
+   - ``quote``: no KV at all: the shared text of the earlier messages is cut down to the chosen
+     spans (``heterofold.select.elide``) and the shorter prompt is prefilled natively.
+   The quote paths change the prompt the engine runs (``HopPlan.prompt``).
 3. ``native`` otherwise.
 
 Any failure in 1-2 (Redis down, a payload missing or corrupt, a tampered artifact, a fingerprint
@@ -22,13 +32,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-import torch
-
 from engines.base import Engine, Timings
 from engines.errors import EngineBusy, EngineError
-from engines.transfer import transfer
+from engines.selectors import Evidence, HopText, Selector, candidates, make_selector, select
+from engines.transfer import TransferResult, transfer
 from gateway.adapters import AdapterResolver, VersionRef
-from gateway.alignment import shared_sections
 from gateway.background import Background
 from gateway.conversations import Conversations, Turn
 from gateway.errors import RegistryError
@@ -36,10 +44,10 @@ from gateway.metrics import Metrics
 from gateway.schemas import Path
 from gateway.settings import TransferPolicy
 from heterofold.adapter import Adapter, Side
-from heterofold.align import Section
+from heterofold.align import Section, shared_sections
 from heterofold.errors import HeteroFoldError
 from heterofold.kv import KVCache
-from heterofold.select import select_tokens
+from heterofold.select import QUOTE_SEPARATOR, elide
 from store.errors import StoreError
 from store.kv_store import KVStore
 
@@ -64,10 +72,34 @@ class Hop:
     ids: Sequence[int]
     offsets: Sequence[tuple[int, int]]
     text: str  # the receiver's rendered prompt
-    contents: Sequence[str]  # message contents, in order
+    messages: Sequence[dict[str, str]]  # the rendered messages, in order
     question: str  # the last user message: what the recompute selector looks for
     tenant: str
     conversation_id: str | None
+
+    @property
+    def contents(self) -> list[str]:
+        return [m["content"] for m in self.messages]
+
+    @property
+    def selector(self) -> Selector:
+        return make_selector(self.policy.selector)
+
+    @property
+    def hop_path(self) -> Path:
+        """The route's cross-model path: the policy's, or the engine kind's default."""
+        if self.policy.path is not None:
+            return self.policy.path
+        return "transfer" if self.engine.recomputes_in_place else "quote"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt the hop rewrote (the quote paths): what the engine runs instead of the hop's."""
+
+    text: str
+    ids: Sequence[int]
+    offsets: Sequence[tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -92,10 +124,14 @@ class HopPlan:
     transfer_ms: float = 0.0
     fallback: str | None = None
     inputs: TransferInputs | None = None  # set when a transfer was possible
+    prompt: Prompt | None = None  # set when the path rewrote the prompt
 
     @property
     def cached_tokens(self) -> int:
         return 0 if self.past is None else self.past.num_tokens
+
+    def ids(self, hop: Hop) -> Sequence[int]:
+        return hop.ids if self.prompt is None else self.prompt.ids
 
 
 class Fallbacks:
@@ -153,13 +189,16 @@ class StorageImports:
 class HopPlanner:
     def __init__(
         self, *, store: KVStore, conversations: Conversations, resolver: AdapterResolver, fallbacks: Fallbacks,
-        names: Callable[[str], str | None],
+        names: Callable[[str], str | None], engines: Callable[[str], Engine | None] = lambda fp: None,
+        scout: Engine | None = None,
     ) -> None:  # fmt: skip
         self.store = store
         self.conversations = conversations
         self.resolver = resolver
         self.fallbacks = fallbacks
         self.names = names  # fingerprint -> engine name, for route labels
+        self.engines = engines  # fingerprint -> engine, for a selector that reads the sender
+        self.scout = scout  # the scout selector's reader, when the pool has it
         self._identity: dict[str, Adapter] = {}
         self.imports = StorageImports(fallbacks)
 
@@ -190,7 +229,7 @@ class HopPlanner:
             raise
         except FALLBACK_ERRORS as exc:
             return replace(best, fallback=self.fallbacks.record("transfer", exc, hop.role))
-        if planned is not None and planned.cached_tokens > best.cached_tokens:
+        if planned is not None and (planned.prompt is not None or planned.cached_tokens > best.cached_tokens):
             return planned
         return replace(best, inputs=inputs)
 
@@ -226,13 +265,25 @@ class HopPlanner:
         return None if resolved is None else (resolved.adapter, resolved.ref)
 
     async def _transfer(self, hop: Hop, inputs: TransferInputs) -> HopPlan | None:
+        path = hop.hop_path
+        if path == "quote":
+            return await self._quote(hop, inputs)
         chosen = await self._adapter(hop, inputs.pair)
         if chosen is None:
             return None
         adapter, ref = chosen
-        result = await run_transfer(adapter, hop, inputs)
+        prompt = None
+        if path == "map_quote":
+            selection = await select(hop.selector, self.evidence(hop, inputs), hop.policy.recompute_budget)
+            prompt = hop_prompt(hop, [*hop.messages[:-1], quoted_last(hop, selection.positions)])
+            q_hop = replace(hop, text=prompt.text, ids=prompt.ids, offsets=prompt.offsets)
+            q_inputs = replace(inputs, sections=shared_sections(inputs.sender.text, prompt.text, hop.contents[:-1]))
+            result = await run_transfer(adapter, q_hop, q_inputs, budget=0.0)
+            result = replace(result, select_ms=selection.ms)
+        else:
+            result = await run_transfer(adapter, hop, inputs, sender=self.engines(inputs.pair[0]), scout=self.scout)
         return HopPlan(
-            "transfer",
+            path,
             result.kv,
             adapter_version=ref.version if ref else adapter.manifest.version,
             adapter_id=ref.id if ref else None,
@@ -241,28 +292,87 @@ class HopPlanner:
             tokens_recomputed=result.recomputed,
             transfer_ms=result.total_ms,
             inputs=inputs,
+            prompt=prompt,
         )
 
+    def evidence(self, hop: Hop, inputs: TransferInputs) -> Evidence:
+        text = hop_text(hop, inputs)
+        prefix = text.transferable_prefix()
+        return Evidence(text, candidates(text, text.source(prefix), prefix), self.engines(inputs.pair[0]),
+                        hop.engine, None, self.scout)  # fmt: skip
 
-async def run_transfer(adapter: Adapter, hop: Hop, inputs: TransferInputs):  # type: ignore[no-untyped-def]
-    """``engines.transfer.transfer`` for this hop: the selector over the shared sections' tokens."""
+    async def _quote(self, hop: Hop, inputs: TransferInputs) -> HopPlan:
+        """No KV: the earlier messages' shared text cut down to the selector's spans."""
+        selection = await select(hop.selector, self.evidence(hop, inputs), hop.policy.recompute_budget)
+        prompt = hop_prompt(hop, quoted_messages(hop, inputs.sections, selection.positions))
+        return HopPlan(
+            "quote", route=f"{self.names(inputs.pair[0]) or '?'} -> {hop.engine_name}", transfer_ms=selection.ms,
+            inputs=inputs, prompt=prompt,
+        )  # fmt: skip
+
+
+def hop_text(hop: Hop, inputs: TransferInputs) -> HopText:
     n = inputs.sender_kv.num_tokens
-    choose = chooser(hop.text, hop.offsets, hop.question, hop.policy.recompute_budget)
+    return HopText(inputs.sender_kv, inputs.sender.text, inputs.sender.offsets[:n], hop.text, hop.ids, hop.offsets,
+                   inputs.sections, hop.question)  # fmt: skip
+
+
+async def run_transfer(
+    adapter: Adapter, hop: Hop, inputs: TransferInputs, *, budget: float | None = None,
+    sender: Engine | None = None, scout: Engine | None = None,
+) -> TransferResult:  # fmt: skip
+    """``engines.transfer.transfer`` for this hop, with the role's selector and budget."""
     return await transfer(
-        adapter, inputs.sender_kv, inputs.sender.offsets[:n], hop.engine, hop.ids, hop.offsets, inputs.sections,
-        choose=choose, tail=hop.tail_window,
+        adapter, hop_text(hop, inputs), hop.engine, selector=hop.selector,
+        budget=hop.policy.recompute_budget if budget is None else budget, tail=hop.tail_window,
+        sender=sender, scout=scout,
     )  # fmt: skip
 
 
-def chooser(
-    text: str, offsets: Sequence[tuple[int, int]], question: str, budget: float
-) -> Callable[[torch.Tensor, int], list[int]]:
-    """``heterofold.select`` over the transferred tokens: ``budget`` is a share of them."""
+def hop_prompt(hop: Hop, messages: Sequence[dict[str, str]]) -> Prompt:
+    text = hop.engine.render(messages)
+    enc = hop.engine.encode(text)
+    return Prompt(text, enc.ids, enc.offsets)
 
-    def choose(src: torch.Tensor, prefix: int) -> list[int]:
-        aligned = src.tolist()
-        inside = [j for j in range(prefix) if aligned[j] >= 0 and offsets[j][1] > offsets[j][0]]
-        picked = select_tokens(text, [offsets[j] for j in inside], question, budget)
-        return [inside[i] for i in picked]
 
-    return choose
+def quoted_last(hop: Hop, positions: Sequence[int]) -> dict[str, str]:
+    """The new message with the chosen spans quoted at its head (the ``map_quote`` path)."""
+    quote = elide(hop.text, [hop.offsets[j] for j in positions])
+    last = dict(hop.messages[-1])
+    last["content"] = f"{quote}\n\n{last['content']}" if quote else last["content"]
+    return last
+
+
+def quoted_messages(hop: Hop, sections: Sequence[Section], positions: Sequence[int]) -> list[dict[str, str]]:
+    """The hop's messages with the shared text of the earlier ones cut down to the chosen spans
+    (``heterofold.select.elide``); system messages and the new message stay whole."""
+    spans = [hop.offsets[j] for j in positions]
+    out, at = [], 0
+    for i, message in enumerate(hop.messages):
+        content = message["content"]
+        start = hop.text.find(content, at) if content else -1
+        if start < 0:
+            out.append(dict(message))
+            continue
+        at = end = start + len(content)
+        shared = [(s.receiver_start, s.receiver_start + s.length) for s in sections
+                  if start <= s.receiver_start and s.receiver_start + s.length <= end]  # fmt: skip
+        if not shared or message["role"] == "system" or i == len(hop.messages) - 1:
+            out.append(dict(message))
+            continue
+        keep = _outside(start, end, shared) + [(a, b) for a, b in spans if start <= a and b <= end]
+        rel = [(a - start, b - start) for a, b in keep]
+        out.append({**message, "content": elide(content, rel) or QUOTE_SEPARATOR.strip()})
+    return out
+
+
+def _outside(start: int, end: int, shared: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``[start, end)`` outside every ``shared`` span (sorted, disjoint)."""
+    out, at = [], start
+    for a, b in sorted(shared):
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if at < end:
+        out.append((at, end))
+    return out

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Path = Literal["native", "prefix", "transfer"]
+Path = Literal["native", "prefix", "transfer", "map_quote", "quote"]
 # Printable ASCII without spaces: the id is echoed in the ``x-conversation-id`` response header.
 CONVERSATION_ID = r"^[!-~]{1,200}$"
 

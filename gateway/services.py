@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from engines.base import Engine
+from engines.selectors import SCOUT
 from engines.zoo import Zoo
 from gateway.adapters import AdapterResolver
 from gateway.auth import KeyRing
@@ -87,8 +89,14 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
         p = pool.by_fingerprint(fingerprint)
         return p.name if p else None
 
+    def engine_of(fingerprint: str) -> Engine | None:
+        p = pool.by_fingerprint(fingerprint)
+        return p.engine if p else None
+
+    scout = next((p.engine for p in pool if p.engine.spec.name == SCOUT and hasattr(p.engine, "attention")),
+                 None)  # fmt: skip
     planner = HopPlanner(store=store, conversations=conversations, resolver=resolver, fallbacks=fallbacks,
-                         names=name_of)  # fmt: skip
+                         names=name_of, engines=engine_of, scout=scout)  # fmt: skip
     shadow = ShadowEvaluator(settings=settings.shadow, db=db, resolver=resolver, store=store, metrics=metrics)
     requests = RequestLog(db, keep=settings.dashboard.requests_kept)
     recorder = TurnRecorder(store=store, conversations=conversations, metrics=metrics)

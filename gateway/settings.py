@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from engines.selectors import make_selector
 from store.config import GiB, StoreConfig
 
 CONFIG_ENV = "HETEROFOLD_CONFIG"
@@ -67,16 +68,27 @@ class GenerationDefaults(_Section):
 
 class TransferPolicy(_Section):
     """How a role's requests reuse KV made elsewhere. ``recompute_budget`` is the share of the
-    transferred context tokens the receiver recomputes natively, chosen from the new message by
-    ``heterofold.select``; ``min_uncached_tokens`` is how long the prefix left after same-model
-    reuse must be before a cross-model transfer is worth its fixed cost."""
+    shared context's tokens that ``selector`` (``engines/selectors.py``) chooses for the new
+    message: recomputed natively (path ``transfer``) or quoted as text (``map_quote``, ``quote``).
+    ``path`` names the cross-model path (gateway/hop.py); unset, it is ``transfer`` on an engine
+    that recomputes in place and ``quote`` on one that cannot (SGLang). ``min_uncached_tokens`` is
+    how long the prefix left after same-model reuse must be before a cross-model hop is worth its
+    fixed cost."""
 
     prefix_reuse: bool = True  # same-model cached prefixes from the store
     store_turns: bool = True  # export each turn's KV into the store for the next hop
     transfer: bool = True  # cross-model transfer through the active adapter
     same_model: bool = True  # between roles on one model: the identity adapter (RoPE re-applied)
     recompute_budget: float = Field(default=0.1, ge=0.0, le=1.0)
+    selector: str = "lexical"
+    path: Literal["transfer", "map_quote", "quote"] | None = None
     min_uncached_tokens: int = Field(default=64, ge=1)
+
+    @field_validator("selector")
+    @classmethod
+    def _known_selector(cls, name: str) -> str:
+        make_selector(name)  # ValueError names the selectors there are
+        return name
 
 
 class RoleSettings(_Section):

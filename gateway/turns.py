@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engines.base import Completion
-from gateway.alignment import reply_offsets
 from gateway.conversations import Conversations, Turn
 from gateway.engine_pool import PooledEngine
 from gateway.metrics import Metrics
@@ -72,3 +72,18 @@ class TurnRecorder:
             log.warning("conversation not recorded: %s", exc)
             return "error"
         return result.outcome
+
+
+def reply_offsets(
+    decode: Callable[[Sequence[int]], str], start: int, reply_ids: Sequence[int]
+) -> tuple[str, list[tuple[int, int]]]:
+    """The decoded reply and each reply token's span, counted from ``start`` (the prompt's length).
+    A token that completes a multi-byte character owns the whole character; special tokens
+    decode to nothing and own an empty span."""
+    offsets: list[tuple[int, int]] = []
+    before, text = 0, ""
+    for i in range(len(reply_ids)):
+        text = decode(reply_ids[: i + 1])
+        offsets.append((start + min(before, len(text)), start + len(text)))
+        before = len(text)
+    return text, offsets

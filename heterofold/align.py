@@ -2,7 +2,7 @@
 
 Tokens. Both prompts are rendered from the same messages with different templates (ChatML, the
 plain template, BOS or not), so alignment goes section by section: a ``Section`` is one piece of
-text (a message's content) that appears verbatim in both prompts. Receiver token j takes the
+text (a paragraph of a message, ``shared_sections``) that appears verbatim in both prompts. Receiver token j takes the
 sender token whose character span covers j's last character, mapped through its section.
 Receiver tokens outside every section (BOS, role markers, template newlines) have no sender
 token (-1); the transfer recomputes them natively, which is cheap (a few per message) and exact.
@@ -21,6 +21,8 @@ import torch
 
 from heterofold.errors import AdapterError
 
+MIN_PIECE_CHARS = 24  # shorter pieces (a word, a label) are not worth aligning
+
 
 @dataclass(frozen=True)
 class Section:
@@ -29,21 +31,29 @@ class Section:
     length: int
 
 
-def find_sections(sender_text: str, receiver_text: str, contents: Sequence[str]) -> list[Section]:
-    """Locate each of ``contents`` (in order) in both prompt texts. Raises AdapterError when a
-    content is missing from either, which means the two prompts do not render the same messages."""
-    sections = []
+def shared_sections(
+    sender_text: str, receiver_text: str, contents: Sequence[str], *, min_chars: int = MIN_PIECE_CHARS
+) -> list[Section]:
+    """The pieces of ``contents`` (the receiver's messages, in order) that appear verbatim in both
+    prompt texts, in order in both. A message is cut into paragraphs (at blank lines, each trimmed),
+    so a message that quotes the sender's context plus something new still shares the context;
+    pieces shorter than ``min_chars`` (a word, a label) are not worth aligning. The one sections
+    function: the gateway's hop, ``heterofold eval``, the benches and distillation all use it."""
+    sections: list[Section] = []
     s_at = r_at = 0
-    for i, content in enumerate(contents):
-        if not content:
-            continue
-        s = sender_text.find(content, s_at)
-        r = receiver_text.find(content, r_at)
-        if s < 0 or r < 0:
-            side = "sender" if s < 0 else "receiver"
-            raise AdapterError(f"content {i} does not appear in the {side} prompt")
-        sections.append(Section(s, r, len(content)))
-        s_at, r_at = s + len(content), r + len(content)
+    for content in contents:
+        for piece in content.split("\n\n"):
+            piece = piece.strip()
+            if len(piece) < min_chars:
+                continue
+            r = receiver_text.find(piece, r_at)
+            if r < 0:
+                continue
+            s = sender_text.find(piece, s_at)
+            if s < 0:
+                continue
+            sections.append(Section(s, r, len(piece)))
+            s_at, r_at = s + len(piece), r + len(piece)
     return sections
 
 

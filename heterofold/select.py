@@ -37,9 +37,13 @@ import bisect
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
 
 MAX_SPAN_CHARS = 160
+POOL = 7  # tokens in the mean pooling of attention scores
 BM25_K1 = 1.2
 BM25_B = 0.75
 
@@ -85,6 +89,85 @@ def _add_trimmed(context: str, start: int, end: int, spans: list[tuple[int, int]
         spans.append((start, end))
 
 
+@dataclass(frozen=True)
+class Spans:
+    """The context cut into sentences, and the live tokens of each (what a ranking ranks)."""
+
+    context: str
+    offsets: Sequence[tuple[int, int]]
+    live: list[int]  # tokens with a non-empty span
+    spans: list[tuple[int, int]]
+    tokens: list[list[int]]  # per span, the live tokens whose span overlaps it
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Sentences worth reading, best first, each with the tokens to keep when only part fits."""
+
+    order: list[int]  # span indices; spans that score nothing are left out
+    anchors: dict[int, set[int]]
+
+
+Ranker = Callable[[Spans], Ranking]
+
+
+def lexical(question: str) -> Ranker:
+    """BM25 of each sentence for the question's content words (module docstring, steps 2-3);
+    a sentence taken in part keeps its matched words first."""
+
+    def rank(view: Spans) -> Ranking:
+        words = [_words(view.context, s, e) for s, e in view.spans]
+        query = {stem for stem, _, _ in _words(question, 0, len(question))}
+        scores = _bm25([[stem for stem, _, _ in ws] for ws in words], query)
+        order = sorted((j for j, score in enumerate(scores) if score > 0), key=lambda j: (-scores[j], j))
+        anchors = {}
+        for j in order:
+            matched = _tokens_per_span([(s, e) for stem, s, e in words[j] if stem in query], view.offsets, view.live)
+            anchors[j] = {t for ts in matched for t in ts}
+        return Ranking(order, anchors)
+
+    return rank
+
+
+def scored(scores: Sequence[float], *, pool: int = POOL) -> Ranker:
+    """Sentences by their best token, after a ``pool``-token mean over neighbouring live tokens
+    (SnapKV's 1-D pooling): ``scores[i]`` is token i's evidence (an attention weight); a sentence
+    taken in part keeps its best token first."""
+
+    def rank(view: Spans) -> Ranking:
+        if len(scores) != len(view.offsets):
+            raise ValueError(f"{len(scores)} scores for {len(view.offsets)} tokens")
+        live = torch.tensor([float(scores[t]) for t in view.live], dtype=torch.float64)
+        pooled = torch.nn.functional.avg_pool1d(
+            live[None, None], pool, stride=1, padding=pool // 2, count_include_pad=False
+        )[0, 0][: len(view.live)] if len(view.live) else live  # fmt: skip
+        at = {t: float(v) for t, v in zip(view.live, pooled.tolist(), strict=True)}
+        best = {j: max(ts, key=lambda t: (at[t], -t)) for j, ts in enumerate(view.tokens) if ts}
+        order = sorted((j for j, b in best.items() if at[b] > 0), key=lambda j: (-at[best[j]], j))
+        return Ranking(order, {j: {best[j]} for j in order})
+
+    return rank
+
+
+def union(*rankers: Ranker) -> Ranker:
+    """The rankings interleaved, first choices first (round robin), each sentence once: the union
+    of what the rankers would read, at the same budget."""
+
+    def rank(view: Spans) -> Ranking:
+        rankings = [r(view) for r in rankers]
+        order: list[int] = []
+        anchors: dict[int, set[int]] = {}
+        for depth in range(max((len(r.order) for r in rankings), default=0)):
+            for r in rankings:
+                if depth < len(r.order) and r.order[depth] not in anchors:
+                    j = r.order[depth]
+                    order.append(j)
+                    anchors[j] = set(r.anchors.get(j, ()))
+        return Ranking(order, anchors)
+
+    return rank
+
+
 def select_tokens(
     context: str, offsets: Sequence[tuple[int, int]], question: str, budget: float, *, min_tokens: int = 0
 ) -> list[int]:
@@ -94,6 +177,14 @@ def select_tokens(
     text order. Raises ``ValueError`` for a budget outside [0, 1], a negative ``min_tokens`` or a span
     outside the context.
     """
+    return choose(context, offsets, budget, lexical(question), min_tokens=min_tokens)
+
+
+def choose(
+    context: str, offsets: Sequence[tuple[int, int]], budget: float, ranker: Ranker, *, min_tokens: int = 0
+) -> list[int]:
+    """Sorted indices of at most ``k`` tokens: the ranker's sentences, best first (module
+    docstring, steps 4-5). ``select_tokens`` is ``choose`` with the ``lexical`` ranker."""
     if not 0.0 <= budget <= 1.0:
         raise ValueError(f"budget must be a fraction in [0, 1], got {budget}")
     if min_tokens < 0:
@@ -105,19 +196,15 @@ def select_tokens(
     if budget == 0.0 or not live:
         return []
     k = min(len(live), max(math.ceil(round(budget * len(offsets), 9)), min_tokens))
-
     spans = sentence_spans(context)
-    words = [_words(context, s, e) for s, e in spans]
-    query = {stem for stem, _, _ in _words(question, 0, len(question))}
-    scores = _bm25([[stem for stem, _, _ in ws] for ws in words], query)
-    tokens = _tokens_per_span(spans, offsets, live)
+    view = Spans(context, offsets, live, spans, _tokens_per_span(spans, offsets, live))
+    ranking = ranker(view)
 
     chosen: set[int] = set()
-    for j in sorted((j for j, score in enumerate(scores) if score > 0), key=lambda j: (-scores[j], j)):
-        new = [t for t in tokens[j] if t not in chosen]
-        if len(chosen) + len(new) > k:  # take this span in part, around its matched words, and stop
-            matched = _tokens_per_span([(s, e) for stem, s, e in words[j] if stem in query], offsets, live)
-            anchors = {t for ts in matched for t in ts} or {new[len(new) // 2]}
+    for j in ranking.order:
+        new = [t for t in view.tokens[j] if t not in chosen]
+        if len(chosen) + len(new) > k:  # take this span in part, around its anchors, and stop
+            anchors = ranking.anchors.get(j) or {new[len(new) // 2]}
             chosen.update(_nearest(new, anchors, k - len(chosen)))
             return sorted(chosen)
         chosen.update(new)
@@ -188,3 +275,44 @@ def _nearest(candidates: list[int], anchors: set[int], n: int) -> list[int]:
         return min(abs(t - marks[j]) for j in (i - 1, i) if 0 <= j < len(marks))
 
     return sorted(candidates, key=lambda t: (distance(t), t))[:n]
+
+
+QUOTE_SEPARATOR = "\n...\n"  # stands for the text left out between quoted spans
+
+
+def elide(text: str, keep: Sequence[tuple[int, int]]) -> str:
+    """``text`` reduced to the ``keep`` spans (in text order): spans that touch or are separated
+    only by whitespace merge, each piece is trimmed, and the pieces are joined by
+    ``QUOTE_SEPARATOR``, which stands for what was left out. The quote paths' text."""
+    pieces: list[list[int]] = []
+    for a, b in sorted(keep):
+        if pieces and not text[pieces[-1][1] : a].strip():
+            pieces[-1][1] = max(pieces[-1][1], b)
+        else:
+            pieces.append([a, b])
+    return QUOTE_SEPARATOR.join(p for a, b in pieces if (p := text[a:b].strip()))
+
+
+def answer_recall(context: str, answer: str, chosen: Sequence[tuple[int, int]]) -> tuple[bool, bool]:
+    """Whether the chosen character spans cover (1) every character of some occurrence of
+    ``answer`` in ``context`` (case-folded) and (2) every non-space character of a whole sentence
+    (``sentence_spans``) that holds an occurrence: the answer-bearing sentence, read. Needs no
+    model to judge. A blank answer, or one the context lacks, is recalled by nothing."""
+    needle = answer.casefold().strip()
+    if not needle:
+        return False, False
+    covered = bytearray(len(context) + 1)
+    for a, b in chosen:
+        covered[max(a, 0) : max(b, 0)] = b"\x01" * (max(b, 0) - max(a, 0))
+    folded = context.casefold()
+    spans = sentence_spans(context)
+    value = sentence = False
+    at = folded.find(needle)
+    while at >= 0:
+        end = at + len(needle)
+        value = value or all(covered[at:end])
+        for s, e in spans:
+            if s <= at < e:
+                sentence = sentence or all(covered[c] for c in range(s, e) if not context[c].isspace())
+        at = folded.find(needle, at + 1)
+    return value, sentence

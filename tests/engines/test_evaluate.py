@@ -6,9 +6,11 @@ import asyncio
 import pytest
 import torch
 
-from engines.evaluate import QUOTE_SEPARATOR, choose_context, evaluate, quote_text, receiver_prompt
+from engines.evaluate import eval_hop, evaluate
+from engines.selectors import LEXICAL, Evidence, candidates, select
 from heterofold.adapter import Adapter, Side
 from heterofold.corpus import stdlib_text
+from heterofold.select import elide
 from heterofold.suite import builtin_suite
 from heterofold.tasks import TaskItem
 
@@ -19,24 +21,15 @@ def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(coro)
 
 
-def test_quote_merges_adjacent_spans_and_separates_distant_ones() -> None:
-    context = "Alpha beta. Gamma delta.\nEpsilon zeta."
-    # "Alpha", " beta" touch; "Epsilon" is far from them
-    assert quote_text(context, [(0, 5), (5, 10), (25, 32)]) == f"Alpha beta{QUOTE_SEPARATOR}Epsilon"
-    assert quote_text(context, [(0, 5), (6, 10)]) == "Alpha beta"  # only whitespace between: one piece
-    assert quote_text(context, []) == ""
-
-
 def test_quote_prompt_holds_the_selected_needle_and_the_question(load_engine) -> None:  # type: ignore[no-untyped-def]
     engine = load_engine("smollm2-135m-instruct")
     item = builtin_suite(lengths=(512,), kinds=("passkey",))[2]
-    r_text = receiver_prompt(engine, f"{item.context}\n\nQuestion: {item.question}")
-    enc = engine.encode(r_text)
-    start = r_text.index(item.context)
-    prefix = next(j for j, (_, b) in enumerate(enc.offsets) if b > start + len(item.context))
-    picked = choose_context(item, enc.offsets, start, prefix, 0.05)
-    rel = [(enc.offsets[j][0] - start, enc.offsets[j][1] - start) for j in picked]
-    quoted = quote_text(item.context, rel)
+    hop = run(eval_hop(engine, engine, item))
+    prefix = hop.transferable_prefix()
+    ev = Evidence(hop, candidates(hop, hop.source(prefix), prefix))
+    picked = run(select(LEXICAL, ev, 0.05)).positions
+    assert picked and all(hop.receiver_text.index(item.context) <= hop.receiver_offsets[j][0] for j in picked)
+    quoted = elide(hop.receiver_text, [hop.receiver_offsets[j] for j in picked])
     assert item.answer in quoted and len(quoted) < len(item.context) / 4
 
 
@@ -83,6 +76,12 @@ def test_evaluate_runs_every_path_and_the_identities_hold(load_engine) -> None: 
     assert adds["vs_recompute_only"]["all:accuracy"]["n"] == 2
     assert adds["vs_recompute_only"]["all:kl_reduction"]["n"] == 1
     assert result["per_item"]["quote@0.05"]["fid"]["correct"] is None
+    recall = result["selector"]["recall"]["0.05"]  # the fidelity item has no answer to recall
+    assert result["selector"]["name"] == "lexical" and recall["all"]["n"] == 2
+    # the passkey needle fits the budget whole; multikey's 14-token needle is cut to 12 tokens,
+    # its matched words first, and loses its value's last digits
+    assert recall["passkey"]["answer"] == recall["passkey"]["sentence"] == 1.0
+    assert recall["multikey"]["answer"] == 0.0
 
 
 def test_distillation_steps_lower_the_answer_kl_of_a_noised_map(load_engine) -> None:  # type: ignore[no-untyped-def]

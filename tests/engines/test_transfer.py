@@ -9,9 +9,10 @@ import torch
 
 from engines.fitting import _heads_first, fit_direction
 from engines.local import LocalEngine
+from engines.selectors import HopText
 from engines.transfer import transfer
 from heterofold.adapter import Adapter, Side
-from heterofold.align import find_sections
+from heterofold.align import shared_sections
 from heterofold.corpus import stdlib_text
 from heterofold.errors import FingerprintMismatch
 from heterofold.kv import KVCache
@@ -112,9 +113,10 @@ def test_identity_transfer_through_templates_reproduces_native_logits(load_engin
     r_text = engine.render([{"role": "user", "content": context + "\n\nQuestion: what does it do?"}])
     s_enc, r_enc = engine.encode(s_text), engine.encode(r_text)
     s_kv, _ = run(engine.prefill(s_enc.ids, dense=True))
-    sections = find_sections(s_text, r_text, [context])
+    sections = shared_sections(s_text, r_text, [context])
     identity = Adapter.identity(Side.of(engine.spec))
-    tr = run(transfer(identity, s_kv, s_enc.offsets, engine, r_enc.ids, r_enc.offsets, sections))
+    hop = HopText(s_kv, s_text, s_enc.offsets, r_text, r_enc.ids, r_enc.offsets, sections, "what does it do?")
+    tr = run(transfer(identity, hop, engine))
     assert tr.recomputed < 40 and tr.mapped > 300
     got = run(engine.score(r_enc.ids, past=tr.kv))
     want = run(engine.score(r_enc.ids))[tr.prefix :]
@@ -137,7 +139,8 @@ def test_fit_save_load_apply_round_trip(load_engine, tmp_path: Path) -> None:  #
     from heterofold.align import Section
 
     sections = [Section(0, 0, len(text))]
-    tr = run(transfer(loaded, s_kv, s_enc.offsets, receiver, r_enc.ids, r_enc.offsets, sections))
+    hop = HopText(s_kv, text, s_enc.offsets, text, r_enc.ids, r_enc.offsets, sections, "")
+    tr = run(transfer(loaded, hop, receiver))
     assert tr.kv.fingerprint == receiver.spec.fingerprint and tr.kv.windows == receiver.spec.windows
     assert tr.recomputed == 1  # only Gemma's BOS has no sender token
     with pytest.raises(FingerprintMismatch):

@@ -8,7 +8,18 @@ import re
 
 import pytest
 
-from heterofold.select import MAX_SPAN_CHARS, select_tokens, sentence_spans
+from heterofold.select import (
+    MAX_SPAN_CHARS,
+    QUOTE_SEPARATOR,
+    answer_recall,
+    choose,
+    elide,
+    lexical,
+    scored,
+    select_tokens,
+    sentence_spans,
+    union,
+)  # fmt: skip
 from heterofold.suite import builtin_suite
 
 FILLER = (
@@ -222,3 +233,47 @@ def test_needle_sentences_of_the_builtin_suite_are_selected_at_five_percent() ->
         if not needed <= chosen:
             missed.append(item.id)
     assert missed == []
+
+
+def test_scored_ranker_reads_the_sentence_of_the_best_pooled_token() -> None:
+    context = "Alpha beta gamma. Delta epsilon zeta. Eta theta iota."
+    offsets = ws_offsets(context)
+    scores = [0.0] * len(offsets)
+    scores[offsets.index((context.index("epsilon"), context.index("epsilon") + 7))] = 1.0
+    chosen = choose(context, offsets, budget_for(3, offsets), scored(scores, pool=1))
+    assert chosen_text(context, offsets, chosen) == "Delta epsilon zeta."
+    # pooling spreads a token's score to its neighbours, so ties go by the pooled value
+    flat = choose(context, offsets, budget_for(3, offsets), scored([0.0] * len(offsets)))
+    assert flat == list(range(len(offsets) - 3, len(offsets)))  # nothing scores: the most recent tokens
+    with pytest.raises(ValueError, match="scores for"):
+        choose(context, offsets, 0.5, scored([1.0]))
+
+
+def test_union_interleaves_the_rankings_one_sentence_at_a_time() -> None:
+    context = "Red apples grow. Blue birds sing. Green frogs jump. Yellow suns shine."
+    offsets = ws_offsets(context)
+    last = [1.0 if context.index("Yellow") <= a else 0.0 for a, _ in offsets]  # a scorer that likes the last
+    both = choose(context, offsets, budget_for(6, offsets), union(lexical("Which birds sing?"), scored(last, pool=1)))
+    assert chosen_text(context, offsets, both) == "Blue birds sing. Yellow suns shine."
+    one = choose(context, offsets, budget_for(3, offsets), union(lexical("Which birds sing?"), scored(last, pool=1)))
+    assert chosen_text(context, offsets, one) == "Blue birds sing."  # the first ranking's best comes first
+
+
+def test_elide_keeps_the_spans_and_marks_what_was_left_out() -> None:
+    context = "Alpha beta. Gamma delta.\nEpsilon zeta."
+    # "Alpha", " beta" touch; "Epsilon" is far from them
+    assert elide(context, [(0, 5), (5, 10), (25, 32)]) == f"Alpha beta{QUOTE_SEPARATOR}Epsilon"
+    assert elide(context, [(6, 10), (0, 5)]) == "Alpha beta"  # only whitespace between: one piece, any order
+    assert elide(context, []) == ""
+
+
+def test_answer_recall_needs_the_value_and_its_whole_sentence() -> None:
+    context = "Noise here. The pass key is 48213. More noise."
+    at = context.index("The pass")
+    sentence = (at, context.index("48213.") + 6)
+    value = (context.index("48213"), context.index("48213") + 5)
+    assert answer_recall(context, "48213", [sentence]) == (True, True)
+    assert answer_recall(context, "48213", [value]) == (True, False)
+    assert answer_recall(context, "48213", [(0, 11)]) == (False, False)
+    assert answer_recall(context, "", [sentence]) == (False, False)
+    assert answer_recall(context, "99999", [(0, len(context))]) == (False, False)

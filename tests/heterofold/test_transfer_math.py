@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from heterofold.adapter import Adapter, LayerMap, Manifest, Side
-from heterofold.align import Section, align_layers, align_tokens, find_sections
+from heterofold.align import Section, align_layers, align_tokens, shared_sections
 from heterofold.errors import AdapterError, FingerprintMismatch
 from heterofold.fit import recolour, ridge
 from heterofold.kv import KVCache
@@ -39,12 +39,12 @@ def words(text: str, bos: bool = False) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize(
     "content",
-    ["naïve café — 12345 isn't it?", "Zoë's 3.14159 ≠ π; don't", "日本語のテキスト and emoji 🙂!", "a\n\nb"],
+    ["naïve café — 12345 isn't it?", "Zoë's 3.14159 ≠ π; don't", "日本語のテキスト and emoji 🙂!", "ab"],
 )
 def test_tokens_align_through_different_templates(content: str) -> None:
     sender = f"<|im_start|>user\n{content}<|im_end|>\n"
     receiver = f"User: {content}\n\nAssistant:"
-    sections = find_sections(sender, receiver, [content])
+    sections = shared_sections(sender, receiver, [content], min_chars=1)
     s_off, r_off = words(sender), words(receiver, bos=True)
     src = align_tokens(s_off, r_off, sections)
     assert src[0] == -1  # BOS has no sender token
@@ -57,9 +57,14 @@ def test_tokens_align_through_different_templates(content: str) -> None:
             assert s_off[i][0] <= c < s_off[i][1] and sender[c] == receiver[b - 1]
 
 
-def test_missing_section_is_an_adapter_error() -> None:
-    with pytest.raises(AdapterError):
-        find_sections("abc", "xyz", ["abc"])
+def test_sections_are_the_shared_paragraphs_in_order() -> None:
+    sender = "<s>First shared paragraph here.\n\nSender only.\n\nSecond shared paragraph.</s>"
+    receiver = "[R] First shared paragraph here.\n\nSecond shared paragraph.\n\nNew question? [/R]"
+    content = "First shared paragraph here.\n\nSecond shared paragraph.\n\nNew question?"
+    sections = shared_sections(sender, receiver, [content], min_chars=10)
+    got = [(sender[s.sender_start :][: s.length], receiver[s.receiver_start :][: s.length]) for s in sections]
+    assert got == [("First shared paragraph here.",) * 2, ("Second shared paragraph.",) * 2]
+    assert shared_sections("abc", "xyz", ["abc"]) == []  # nothing shared: no transfer
 
 
 def test_layers_align_by_relative_depth_within_eligible_layers() -> None:

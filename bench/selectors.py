@@ -1,0 +1,146 @@
+"""Selectors compared on the same items: answer recall at each budget, the selector's own time, and
+(optionally) the accuracy of quoting each selector's choice.
+
+For every item of the builtin suite (or a JSONL file) the hop is built as ``heterofold eval``
+builds it (``engines.evaluate.eval_hop``: the gateway's sections function and candidates). Each
+basic selector reads once per item (``Selector.ranker``); unions interleave those rankings, and
+their time is the sum of their parts'. At each budget, ``heterofold.select.answer_recall`` says
+whether the chosen tokens cover the answer value, and its whole sentence (no model judges). With
+``quote_budget``, each selector's choice at that budget is quoted as ``heterofold eval``'s quote path
+does and the receiver answers greedily (accuracy), next to the receiver's native accuracy.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from engines.base import SamplingParams
+from engines.evaluate import eval_hop, receiver_prompt
+from engines.local import LocalEngine
+from engines.selectors import BASIC, Evidence, Selection, candidates, choose_with
+from engines.transfer import transfer
+from heterofold.adapter import Adapter
+from heterofold.select import Ranker, answer_recall, elide, union
+from heterofold.tasks import TaskItem, is_correct
+
+UNIONS = ("sender-attention+receiver-attention", "sender-attention+lexical", "receiver-attention+lexical",
+          "scout+lexical")  # fmt: skip
+
+
+async def compare(
+    sender: LocalEngine,
+    receiver: LocalEngine,
+    items: Sequence[TaskItem],
+    *,
+    adapter: Adapter | None,
+    scout: LocalEngine | None,
+    budgets: Sequence[float] = (0.01, 0.02, 0.05),
+    quote_budget: float | None = 0.02,
+    native: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Recall (and quote accuracy) per selector, budget and kind on ``items`` (module docstring).
+    Selectors that need what is not given (an adapter for receiver-attention, a scout) are left out."""
+    names = ["lexical", "sender-attention"]
+    if adapter is not None:
+        names.append("receiver-attention")
+    if scout is not None:
+        names.append("scout")
+    unions = [u for u in UNIONS if all(p in names for p in u.split("+"))]
+    rows: list[dict[str, Any]] = []
+    greedy = SamplingParams(max_tokens=24)
+    for n, item in enumerate(i for i in items if i.metric == "answer"):
+        hop = await eval_hop(sender, receiver, item)
+        prefix = hop.transferable_prefix()
+        ev = Evidence(hop, candidates(hop, hop.source(prefix), prefix), sender, receiver, None, scout)
+        rankers: dict[str, tuple[Ranker, float]] = {}
+        for name in names:
+            t0 = time.perf_counter()
+            if name == "receiver-attention":
+                assert adapter is not None
+                ev = replace(ev, mapped=(await transfer(adapter, hop, receiver)).kv)
+            rankers[name] = (await BASIC[name].ranker(ev), (time.perf_counter() - t0) * 1000)
+        for u in unions:
+            parts = u.split("+")
+            rankers[u] = (union(*(rankers[p][0] for p in parts)), sum(rankers[p][1] for p in parts))
+        ctx_at = hop.receiver_text.index(item.context)
+        row: dict[str, Any] = {"id": item.id, "kind": item.kind or "all", "selectors": {}}
+        for name, (ranker, read_ms) in rankers.items():
+            per: dict[str, Any] = {"read_ms": round(read_ms, 1)}
+            for b in budgets:
+                sel = choose_with(ranker, ev, b)
+                spans = [(hop.receiver_offsets[j][0] - ctx_at, hop.receiver_offsets[j][1] - ctx_at)
+                         for j in sel.positions]  # fmt: skip
+                value, sentence = answer_recall(item.context, item.answer, spans)
+                per[f"{b:g}"] = {"answer": value, "sentence": sentence, "ms": round(read_ms + sel.ms, 1)}
+            if quote_budget is not None:
+                per["quote_correct"] = await _quote(receiver, item, hop, choose_with(ranker, ev, quote_budget), greedy)
+            row["selectors"][name] = per
+        if native:
+            ids = list(hop.receiver_ids)
+            row["native_correct"] = is_correct(item.answer, (await receiver.complete(ids, greedy)).text)
+        rows.append(row)
+        if progress:
+            progress("selectors", n + 1, len([i for i in items if i.metric == "answer"]))
+    return {
+        "sender": sender.spec.name,
+        "receiver": receiver.spec.name,
+        "scout": scout.spec.name if scout else None,
+        "items": len(rows),
+        "budgets": [f"{b:g}" for b in budgets],
+        "quote_budget": quote_budget,
+        "summary": summarize(rows, [*names, *unions], budgets),
+        "per_item": rows,
+    }
+
+
+async def _quote(
+    receiver: LocalEngine, item: TaskItem, hop: Any, sel: Selection, greedy: SamplingParams
+) -> bool:  # fmt: skip
+    quoted = elide(hop.receiver_text, [hop.receiver_offsets[j] for j in sel.positions])
+    ids = receiver.encode(receiver_prompt(receiver, f"{quoted}\n\nQuestion: {item.question}")).ids
+    return is_correct(item.answer, (await receiver.complete(ids, greedy)).text)
+
+
+def summarize(rows: list[dict[str, Any]], names: Sequence[str], budgets: Sequence[float]) -> dict[str, Any]:
+    """Per selector and kind (and ``all``): recall per budget, median time, quote accuracy."""
+    kinds = sorted({r["kind"] for r in rows})
+    out: dict[str, Any] = {}
+    for name in names:
+        for kind in [*kinds, "all"]:
+            sub = [r for r in rows if kind in ("all", r["kind"])]
+            cell: dict[str, Any] = {"n": len(sub), "read_ms": round(statistics.median(r["selectors"][name]["read_ms"]
+                                                                                      for r in sub), 1)}  # fmt: skip
+            for b in (f"{b:g}" for b in budgets):
+                cell[f"answer@{b}"] = round(sum(r["selectors"][name][b]["answer"] for r in sub) / len(sub), 3)
+                cell[f"sentence@{b}"] = round(sum(r["selectors"][name][b]["sentence"] for r in sub) / len(sub), 3)
+            if "quote_correct" in sub[0]["selectors"][name]:
+                cell["quote_accuracy"] = round(sum(r["selectors"][name]["quote_correct"] for r in sub) / len(sub), 3)
+            if "native_correct" in sub[0]:
+                cell["native_accuracy"] = round(sum(r["native_correct"] for r in sub) / len(sub), 3)
+            out.setdefault(name, {})[kind] = cell
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """One table: a row per selector, recall of the answer sentence per budget and kind group."""
+    budgets = result["budgets"]
+    kinds = [k for k in next(iter(result["summary"].values())) if k != "all"] + ["all"]
+    mid = budgets[1 if len(budgets) > 1 else 0]
+    head = ["selector", *(f"sentence recall @{b} (all)" for b in budgets), *(f"@{mid} {k}" for k in kinds[:-1]),
+            "quote acc", "read ms"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, by_kind in result["summary"].items():
+        a = by_kind["all"]
+        cells = [name, *(f"{a[f'sentence@{b}']:.2f}" for b in budgets),
+                 *(f"{by_kind[k][f'sentence@{mid}']:.2f}" for k in kinds[:-1]),
+                 f"{a['quote_accuracy']:.2f}" if "quote_accuracy" in a else "-", f"{a['read_ms']:.0f}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    native = next(iter(result["summary"].values()))["all"].get("native_accuracy")
+    if native is not None:
+        lines.append(f"\nnative accuracy on these items: {native:.2f}")
+    return "\n".join(lines)

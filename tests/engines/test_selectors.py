@@ -1,0 +1,120 @@
+"""Selectors on real zoo models: the attention read-out is the model's own attention, the sections
+function finds what a gateway conversation shares, and each selector answers through one interface."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+import torch
+
+from engines.evaluate import eval_hop
+from engines.selectors import SELECTORS, Evidence, HopText, candidates, make_selector, select
+from gateway.hop import quoted_last, quoted_messages
+from heterofold.align import shared_sections
+from heterofold.corpus import stdlib_text
+from heterofold.select import QUOTE_SEPARATOR, answer_recall
+from heterofold.suite import builtin_suite
+
+pytestmark = pytest.mark.models
+SMOL, GEMMA, QWEN = "smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct"
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("name", [SMOL, GEMMA])
+def test_attention_read_out_is_the_models_eager_attention(load_engine: Any, name: str) -> None:
+    engine = load_engine(name)
+    ids = list(engine.encode(stdlib_text(600, start=3)).ids)[:90]
+    past, _ = run(engine.prefill(ids[:80]))
+    got = run(engine.attention(ids, past=past, rows=4))  # (layers, 4, 90), only the last 10 ids run
+    model = engine.model
+    before = model.config._attn_implementation
+    model.config._attn_implementation = "eager"
+    try:
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor([ids]), output_attentions=True)
+    finally:
+        model.config._attn_implementation = before
+    want = torch.stack([out.attentions[layer][0].float().mean(0)[-4:] for layer in engine.attention_layers()])
+    assert engine.attention_layers() and all(engine.spec.windows[i] == 0 for i in engine.attention_layers())
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-2)
+    torch.testing.assert_close(got.sum(-1), torch.ones(got.shape[:2]), atol=1e-4, rtol=0)
+
+
+def test_sections_of_a_gateway_conversation(load_engine: Any) -> None:
+    """System prompts differ, several turns, a new message: what the two prompts share, in order."""
+    sender, receiver = load_engine(SMOL), load_engine(GEMMA)
+    doc, notes = stdlib_text(700, start=8), stdlib_text(300, start=40)
+    reply = "The module sorts lists.\n\nIt also takes a key function for custom orders."
+    turn = [{"role": "system", "content": "You are the reader."}, {"role": "user", "content": f"{doc}\n\nRead this."},
+            {"role": "assistant", "content": reply}, {"role": "user", "content": notes}]  # fmt: skip
+    s_text = sender.render(turn)
+    hop = [{"role": "system", "content": "You are the critic."}, *turn[1:], {"role": "assistant", "content": "Noted."},
+           {"role": "user", "content": "What does the key do?"}]  # fmt: skip
+    r_text = receiver.render(hop)
+    sections = shared_sections(s_text, r_text, [m["content"] for m in hop])
+    pieces = [r_text[s.receiver_start : s.receiver_start + s.length] for s in sections]
+    for s, piece in zip(sections, pieces, strict=True):
+        assert s_text[s.sender_start : s.sender_start + s.length] == piece
+    assert pieces[0] == doc.strip().split("\n\n")[0] and "It also takes a key function for custom orders." in pieces
+    assert notes.strip().split("\n\n")[-1] in pieces
+    assert not any("critic" in p or "reader" in p or "What does the key do?" in p or p == "Read this." for p in pieces)
+    assert [s.receiver_start for s in sections] == sorted(s.receiver_start for s in sections)
+
+
+def test_every_selector_chooses_through_one_interface(load_engine: Any) -> None:
+    sender, receiver, scout = load_engine(SMOL), load_engine(GEMMA), load_engine(QWEN)
+    item = next(i for i in builtin_suite(lengths=(1024,), kinds=("paraphrase",)) if "-d50-" in i.id)
+    hop: HopText = run(eval_hop(sender, receiver, item))
+    prefix = hop.transferable_prefix()
+    # the receiver's native KV of the prefix stands in for a fitted map (receiver-attention)
+    mapped, _ = run(receiver.prefill(list(hop.receiver_ids[:prefix])))
+    ev = Evidence(hop, candidates(hop, hop.source(prefix), prefix), sender, receiver, mapped, scout)
+    at = hop.receiver_text.index(item.context)
+    recalled = {}
+    for name in SELECTORS:
+        sel = run(select(make_selector(name), ev, 0.02))
+        assert sel.positions == sorted(set(sel.positions)) and set(sel.positions) <= set(ev.candidates)
+        assert len(sel.positions) == -(-len(ev.candidates) * 2 // 100)  # ceil(2% of the candidates)
+        spans = [(hop.receiver_offsets[j][0] - at, hop.receiver_offsets[j][1] - at) for j in sel.positions]
+        recalled[name] = answer_recall(item.context, item.answer, spans)[1]
+    # the paraphrased question shares no word with its sentence: BM25 cannot find it, the scout
+    # (qwen2.5 reading the text) does (BENCHMARKS.md measures both on many items)
+    assert not recalled["lexical"] and recalled["scout"]
+    with pytest.raises(ValueError, match="unknown selector"):
+        make_selector("lexical+bogus")
+
+
+def test_quote_paths_rewrite_only_the_shared_text() -> None:
+    """The gateway's quote rewrite on a rendered conversation (a stand-in engine renders plainly)."""
+    doc = "First paragraph about sorting lists in place.\n\nSecond paragraph: the pass key is 48213."
+
+    class Plain:
+        def render(self, messages: list[dict[str, str]]) -> str:
+            return "".join(f"<{m['role']}> {m['content']} </{m['role']}> " for m in messages)
+
+    messages = [{"role": "system", "content": "You are the critic, shared with nobody."},
+                {"role": "user", "content": doc}, {"role": "user", "content": "What is the pass key?"}]  # fmt: skip
+    text = Plain().render(messages)
+    offsets = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+    second = text.index("Second")
+    sections = shared_sections(text, text, [doc])
+    end = text.index("</user>", second)
+    chosen = [j for j, (a, b) in enumerate(offsets) if a >= second and b <= end]
+
+    class HopStandIn:
+        pass
+
+    hop: Any = HopStandIn()
+    hop.text, hop.offsets, hop.messages = text, offsets, messages
+    out = quoted_messages(hop, sections, chosen)
+    assert out[0] == messages[0] and out[2] == messages[2]  # system prompt and new message whole
+    assert out[1]["content"] == "Second paragraph: the pass key is 48213."
+    last = quoted_last(hop, chosen)
+    assert last["content"].endswith("What is the pass key?") and "48213" in last["content"]
+    assert quoted_messages(hop, sections, [])[1]["content"] == QUOTE_SEPARATOR.strip()
