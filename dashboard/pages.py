@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from dashboard import feed
 from dashboard.adapters_view import audit_rows, pair_views
 from dashboard.charts import Series, bar_chart, line_chart
-from dashboard.routes_view import route_stats, totals
+from dashboard.routes_view import PATHS, route_stats, totals
 from dashboard.web import DashboardDep, PageError, SessionDep, render
 from gateway.deps import ServicesDep
 from gateway.errors import GatewayError, RegistryError
@@ -53,7 +53,7 @@ async def overview(request: Request, services: ServicesDep, dash: DashboardDep, 
                               threshold=services.store.config.high_water * 100, threshold_label="high water",
                               empty="no samples yet")  # fmt: skip
     return await render(
-        request, "overview.html", services=services, dash=dash, session=session, routes=routes,
+        request, "overview.html", services=services, dash=dash, session=session, routes=routes, paths=PATHS,
         totals=totals(routes), speed_chart=speed_chart, usage=usage, memory_chart=memory_chart,
         registry_ok=registry_ok, window=dash.settings.requests, samples=len(dash.history),
         interval=dash.settings.sample_interval_s,

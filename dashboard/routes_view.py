@@ -20,7 +20,8 @@ from typing import Literal
 
 from gateway.request_log import RequestRecord
 
-PATHS = ("native", "prefix", "transfer")
+PATHS = ("native", "prefix", "transfer", "map_quote", "quote")
+HOPS = ("transfer", "map_quote", "quote")  # the cross-model paths (gateway/hop.py)
 Scope = Literal["route", "role", "estimate"]
 
 
@@ -72,7 +73,7 @@ def route_stats(records: Iterable[RequestRecord]) -> list[RouteStats]:
     for (role, sender, receiver), rows in sorted(by_route.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2])):
         counts = Counter(r.path for r in rows)
         own_native = [r.ttft_ms for r in rows if r.path == "native"]
-        transfers = [r for r in rows if r.path == "transfer"]
+        transfers = [r for r in rows if r.path in HOPS]
         scope: Scope | None = "route" if own_native else None
         native = _median(own_native)
         if native is None and native_by_role[role]:
@@ -93,7 +94,7 @@ def route_stats(records: Iterable[RequestRecord]) -> list[RouteStats]:
 def totals(routes: Sequence[RouteStats]) -> Totals:
     return Totals(
         requests=sum(r.requests for r in routes),
-        transfers=sum(r.paths["transfer"] for r in routes),
+        transfers=sum(r.paths[p] for r in routes for p in HOPS),
         tokens_saved=sum(r.tokens_saved for r in routes),
         seconds_saved=sum(r.seconds_saved for r in routes),
     )

@@ -143,6 +143,7 @@ async def evaluate(
     paths: Sequence[str] | None = None,
     selector: str = "lexical",
     scout: LocalEngine | None = None,
+    tail: int = 0,
     max_tokens: int = 24,
     fidelity_tokens: int = 64,
     progress: Callable[[str, int, int], None] | None = None,
@@ -151,7 +152,9 @@ async def evaluate(
     ``served`` names the one the gateway serves, reported as ``paths.heterofold`` at ``budget``.
     ``paths`` picks families from ``PATH_FAMILIES`` and ``adapters`` (default: all). ``selector``
     (``engines.selectors``) chooses for every path; one that reads the mapped cache reads
-    ``served``'s map; ``scout`` is the scout selector's reader."""
+    ``served``'s map; ``scout`` is the scout selector's reader. ``tail``: the last ``tail`` prefix
+    tokens are recomputed natively on every transfer path and kept by recompute_only (the
+    gateway's ``tail_window``)."""
     known = [*PATH_FAMILIES, *adapters, *(f"{name}+quote" for name in adapters)]
     wanted = set(paths) if paths is not None else set(known)
     unknown = wanted - set(known) - {"native"}
@@ -165,7 +168,7 @@ async def evaluate(
     recalls: dict[str, dict[str, list[Any]]] = {}  # budget -> [(kind, answer hit, sentence hit, ms)]
     lengths: dict[str, list[int]] = {}  # native answer tokens per metric
     for n, item in enumerate(items):
-        ev = _ItemRun(sender, receiver, item, max_tokens if item.metric == "answer" else fidelity_tokens)
+        ev = _ItemRun(sender, receiver, item, max_tokens if item.metric == "answer" else fidelity_tokens, tail)
         await ev.native(stats)
         lengths.setdefault(item.metric, []).append(len(ev.answer))
         if "no_context" in wanted:
@@ -191,14 +194,15 @@ async def evaluate(
             progress("eval", n + 1, len(items))
     report = _report(sender, receiver, items, stats, adapters, served, budget, lengths)
     report["selector"] = {"name": chooser.name, "recall": _recall_summary(recalls)}
+    report["tail"] = tail
     return report
 
 
 class _ItemRun:
     """One item through every path; ``stats`` collects a ``Score`` per path."""
 
-    def __init__(self, sender: LocalEngine, receiver: LocalEngine, item: TaskItem, max_tokens: int) -> None:
-        self.sender, self.receiver, self.item = sender, receiver, item
+    def __init__(self, sender: LocalEngine, receiver: LocalEngine, item: TaskItem, max_tokens: int, tail: int) -> None:
+        self.sender, self.receiver, self.item, self.tail = sender, receiver, item, tail
         self.greedy = SamplingParams(max_tokens=max_tokens)
         self.r_text = receiver_prompt(receiver, f"{item.context}\n\nQuestion: {item.question}")
         self.r_enc = receiver.encode(self.r_text)
@@ -290,7 +294,8 @@ class _ItemRun:
 
     async def recompute_only(self, stats: dict[str, PathStats], b: float) -> None:
         sel = await self.chosen(b)
-        kept = sorted(set(sel.positions) | set(self.unaligned) | {self.prefix - 1})
+        tail = set(range(max(self.prefix - self.tail, 0), self.prefix))
+        kept = sorted(set(sel.positions) | set(self.unaligned) | tail | {self.prefix - 1})
         t0 = time.perf_counter()
         kv = await self.receiver.prefill_at([self.r_ids[j] for j in kept], kept)
         prefill_ms = (time.perf_counter() - t0) * 1000
@@ -305,12 +310,12 @@ class _ItemRun:
         ids = list(enc.ids)
         hop = replace(self.hop, receiver_text=text, receiver_ids=enc.ids, receiver_offsets=enc.offsets,
                       sections=shared_sections(self.hop.sender_text, text, [item.context]))  # fmt: skip
-        tr = await transfer(adapter, hop, self.receiver)
+        tr = await transfer(adapter, hop, self.receiver, tail=self.tail)
         await self._run(stats, f"{name}+quote@{b:g}", ids, tr.kv, select_ms + tr.total_ms)
 
     async def mapped(self, stats: dict[str, PathStats], name: str, adapter: Adapter, b: float) -> None:
         sel = await self.chosen(b) if b > 0 else Selection([], 0.0)
-        tr = await transfer(adapter, self.hop, self.receiver, selection=sel)
+        tr = await transfer(adapter, self.hop, self.receiver, selection=sel, tail=self.tail)
         await self._run(stats, f"{name}@{b:g}", self.r_ids, tr.kv, sel.ms + tr.total_ms)
 
 

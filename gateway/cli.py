@@ -30,7 +30,7 @@ from rich.table import Table
 from engines.catalog import CATALOG, ZooEntry, resolve
 from engines.errors import EngineError
 from engines.zoo import Zoo
-from gateway.settings import TransferPolicy
+from gateway.settings import RoleSettings, TransferPolicy
 from heterofold.errors import HeteroFoldError
 
 app = typer.Typer(help="HeteroFold Gateway: carry KV caches across model families.", no_args_is_help=True)
@@ -46,6 +46,7 @@ CacheDir = Annotated[
 ]
 ModelArg = Annotated[str, typer.Argument(help="A model name from `heterofold models list`, or `all`.")]
 DEFAULT_SELECTOR = TransferPolicy().selector  # what the gateway serves unless a role says otherwise
+DEFAULT_TAIL = RoleSettings(engine="-").tail_window
 SELECTOR_HELP = (
     "Selector (engines/selectors.py): lexical, sender-attention, receiver-attention, scout, or several joined "
     "by '+' (their union). Default: the gateway's."
@@ -458,6 +459,9 @@ def eval_cmd(
     limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N items.")] = None,
     every: Annotated[int, typer.Option(min=1, help="Evaluate every Nth item (a balanced subset).")] = 1,
     selector: Annotated[str, typer.Option(help=SELECTOR_HELP)] = DEFAULT_SELECTOR,
+    tail: Annotated[
+        int, typer.Option(min=0, help="Last prefix tokens recomputed natively on transfer paths (the gateway's W).")
+    ] = DEFAULT_TAIL,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
@@ -508,7 +512,7 @@ def eval_cmd(
         with _progress_bars(f"{sender} -> {receiver}") as progress:
             result = asyncio.run(
                 evaluate(s, r, items, adapters=maps, served=served, budget=budget, budgets=sweep, paths=wanted,
-                         selector=selector, scout=scout, progress=progress)
+                         selector=selector, scout=scout, tail=tail, progress=progress)
             )  # fmt: skip
     console.print(eval_table(result, f"{sender} -> {receiver}, {result['items']} items"))
     console.print(recall_table(result["selector"], f"selector {result['selector']['name']}: answer recall"))

@@ -1,9 +1,14 @@
-"""Question-aware choice of the receiver's context tokens to recompute natively.
+"""Question-aware choice of the receiver's context tokens: recomputed natively, or quoted as text.
 
 After a cross-family transfer the receiver recomputes a small budget of context tokens through all
-its layers; the rest keep their mapped KV. The first prototype found that the whole sentence that
-holds the answer must be native, and that picking by position or by the sender's attention misses
-it. The hop's new message (the question) is known when the transfer runs, so the choice is lexical:
+its layers; the rest keep their mapped KV (or, on the quote paths, the chosen spans are pasted as
+text). The whole sentence that holds the answer must be chosen. The hop's new message (the
+question) is known when the choice is made. This module is the text side of every selector
+(``engines/selectors.py`` reads the models): sentences, a ``Ranker`` that orders them, and
+``choose``, which turns a ranking and a budget into tokens. Rankers: ``lexical`` (below, steps
+2-3), ``scored`` (one evidence score per token, e.g. attention, pooled over ``POOL`` neighbouring
+tokens; a sentence scores its best token) and ``union`` (rankings interleaved).
+``select_tokens`` is ``choose`` with the lexical ranker:
 
 1. Spans. ``sentence_spans`` cuts the context after ``.``, ``!`` or ``?`` that end a sentence
    (followed by whitespace or the end, so ``os.path`` and ``3.14`` stay whole) and at every
@@ -18,8 +23,9 @@ it. The hop's new message (the question) is known when the transfer runs, so the
    IDF over the context's spans.
 4. Choose. Spans with a positive score are taken in descending score, ties to the earlier span, each
    adding every token whose character span overlaps it, until ``k`` tokens are chosen. The span that
-   does not fit whole is taken in part: first the tokens of its words that match the question, then
-   its other tokens nearest to those (ties to the earlier one); then the choice stops.
+   does not fit whole is taken in part: first its anchors (lexical: the tokens of its words that match
+   the question; scored: its best token), then its other tokens nearest to those (ties to the earlier
+   one); then the choice stops.
 5. Leftover budget. Spans that score zero are never chosen as such. When every scoring span fits
    and budget is left, the remaining tokens are filled in by token distance to the nearest chosen
    token (ties to the earlier), which widens the context around each hit, as the passkey needle

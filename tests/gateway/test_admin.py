@@ -10,22 +10,10 @@ import pytest
 
 from engines.local import LocalEngine
 from gateway.settings import ShadowSettings
-from heterofold.adapter import Adapter, LayerMap, Side
 from tests.gateway.conftest import SMOL, Gateway
-from tests.gateway.test_fallbacks import cross_hop
-from tests.gateway.test_hops import upload
+from tests.gateway.helpers import cross_hop, saved_identity, upload
 
 pytestmark = pytest.mark.models
-
-
-def saved_identity(engine: LocalEngine, folder: Path, fingerprint: str | None = None) -> Path:
-    side = Side.of(engine.spec)
-    if fingerprint:
-        side = Side(side.name, fingerprint, side.num_layers, side.num_kv_heads, side.head_dim, side.rope_thetas)
-    ident = Adapter.identity(side, "identity-upload")
-    maps = [LayerMap(*(t.clone() for t in (m.k_weight, m.k_bias, m.v_weight, m.v_bias))) for m in ident.maps]
-    Adapter(ident.manifest, maps).save(folder)
-    return folder
 
 
 def test_upload_ignores_client_file_names_and_marks_stale_versions(
@@ -108,7 +96,7 @@ def test_drift_over_the_threshold_alerts_and_rolls_back(
 
 
 def cross_hop_transfer(gateway: Gateway) -> dict[str, object]:
-    from tests.gateway.test_hops import CONTEXT, ask
+    from tests.gateway.helpers import CONTEXT, ask
 
     ask(gateway, "executor", [{"role": "user", "content": CONTEXT}], "conv-drift")
     gateway.settle()

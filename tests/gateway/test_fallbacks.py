@@ -14,7 +14,7 @@ from gateway.settings import StoreSettings
 from heterofold.adapter import Adapter, LayerMap, Side
 from store.redis_server import EmbeddedRedis
 from tests.gateway.conftest import GEMMA, SMOL, Gateway
-from tests.gateway.test_hops import CONTEXT, ask, upload
+from tests.gateway.helpers import CONTEXT, ask, cross_hop, upload
 
 pytestmark = pytest.mark.models
 
@@ -22,16 +22,6 @@ pytestmark = pytest.mark.models
 def fallback_events(gateway: Gateway) -> list[dict[str, str]]:
     events = gateway.services.store.events.read(count=1000)
     return [e.fields for e in events if e.kind == "transfer.fallback"]
-
-
-def cross_hop(gateway: Gateway, conversation: str) -> dict[str, object]:
-    ask(gateway, "executor", [{"role": "user", "content": CONTEXT}], conversation)
-    gateway.settle()
-    reply, hf, cached = ask(gateway, "summarizer", [{"role": "user", "content": f"{CONTEXT}\n\nSummarize."}],
-                            conversation)  # fmt: skip
-    assert reply and cached == 0
-    gateway.settle()
-    return dict(hf)
 
 
 def test_transfer_falls_back_to_prefill_when_redis_is_down(start_gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -4,44 +4,13 @@ model, cross-family transfer through the active adapter, and native when nothing
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from heterofold.corpus import stdlib_text
 from tests.gateway.conftest import Gateway
+from tests.gateway.helpers import CONTEXT, ask, upload
 
 pytestmark = pytest.mark.models
-CONTEXT = stdlib_text(1400, start=5)
-
-
-def ask(gateway: Gateway, role: str, messages: list[dict[str, str]], conversation: str) -> tuple[str, Any, int]:
-    reply = gateway.agent(role).chat.completions.create(
-        model=role,
-        messages=messages,
-        extra_headers={"X-Conversation-Id": conversation},  # type: ignore[arg-type]
-    )
-    assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
-    return (
-        reply.choices[0].message.content or "",
-        (reply.usage.model_extra or {})["heterofold"],
-        (reply.usage.prompt_tokens_details.cached_tokens),
-    )
-
-
-def upload(gateway: Gateway, folder: Path, promote: bool = True) -> dict[str, Any]:
-    with gateway.http() as admin:
-        files = {
-            "manifest": (folder / "manifest.json").read_bytes(),
-            "weights": (folder / "adapter.safetensors").read_bytes(),
-        }
-        r = admin.post("/admin/adapters", files=files)
-        assert r.status_code == 201, r.text
-        row: dict[str, Any] = r.json()
-        if promote:
-            r = admin.post(f"/admin/adapters/{row['id']}/promote")
-            assert r.status_code == 200 and r.json()["status"] == "active"
-    return row
 
 
 def test_next_turn_of_a_role_reuses_its_cached_prefix(gateway: Gateway) -> None:

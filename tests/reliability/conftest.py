@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from gateway.settings import GenerationDefaults, RoleSettings, TransferPolicy
+from heterofold.corpus import stdlib_text
 from tests.gateway.conftest import (  # noqa: F401  (fixtures, re-exported)
     CLIENT_KEY,
     GEMMA,
@@ -25,6 +26,8 @@ from tests.gateway.conftest import (  # noqa: F401  (fixtures, re-exported)
 
 pytestmark = pytest.mark.models
 Messages = list[dict[str, str]]
+
+OTHER_KEY = "sk-test-tenant-b"  # a second tenant
 
 
 def roles() -> dict[str, RoleSettings]:
@@ -102,3 +105,11 @@ def eventually(check: Callable[[], bool], timeout_s: float = 15.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout_s} s")
         time.sleep(0.1)
+
+
+def opening(doc: int, chars: int = 1400) -> Messages:
+    return [{"role": "user", "content": f"{stdlib_text(chars, start=doc)}\n\nWhat is this about?"}]
+
+
+def then(messages: Messages, reply: str, question: str) -> Messages:
+    return [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": question}]

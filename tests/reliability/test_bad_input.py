@@ -24,7 +24,7 @@ from engines.local import LocalEngine
 from gateway.engine_pool import EnginePool
 from gateway.settings import GenerationDefaults, RoleSettings
 from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, GEMMA, SMOL, Gateway
-from tests.gateway.test_admin import saved_identity
+from tests.gateway.helpers import saved_identity
 from tests.reliability.conftest import assert_openai_error
 
 pytestmark = pytest.mark.models

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -25,11 +27,10 @@ from engines.local import LocalEngine
 from gateway.engine_pool import EnginePool
 from gateway.services import build_services
 from gateway.settings import StoreSettings
-from heterofold.corpus import stdlib_text
 from store.errors import EmbeddedRedisError
 from store.redis_server import EmbeddedRedis
 from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, GEMMA, SMOL, Gateway, make_settings
-from tests.gateway.test_hops import upload
+from tests.gateway.helpers import upload
 from tests.reliability.conftest import (
     Messages,
     answer,
@@ -39,6 +40,8 @@ from tests.reliability.conftest import (
     eventually,
     metric,
     native,
+    opening,
+    then,
 )
 from tests.reliability.faults import FaultyEngine, TcpProxy, disk_full, small_disk, unwritable
 
@@ -46,14 +49,6 @@ pytestmark = pytest.mark.models
 POSTGRES = ("127.0.0.1", 5432)
 ONLY_CPU = StoreSettings(cpu_budget_bytes=1 << 30, ssd_budget_bytes=0)
 ONLY_SSD = StoreSettings(cpu_budget_bytes=0, ssd_budget_bytes=1 << 30)
-
-
-def opening(doc: int, chars: int = 1400) -> Messages:
-    return [{"role": "user", "content": f"{stdlib_text(chars, start=doc)}\n\nWhat is this about?"}]
-
-
-def then(messages: Messages, reply: str, question: str) -> Messages:
-    return [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": question}]
 
 
 def ready(gateway: Gateway) -> int:
@@ -84,12 +79,29 @@ def test_redis_killed_mid_traffic_answers_every_request_and_recovers_after_resta
         gw.settle()
         seconds = {c: then(m, replies[c], "Name one function it mentions.") for c, m in firsts.items()}
         expected = {c: native(gw, "executor", m) for c, m in seconds.items()}
-        with ThreadPoolExecutor(3) as clients:
-            futures = {c: clients.submit(chat, gw, "executor", m, c) for c, m in seconds.items()}
-            time.sleep(0.3)
-            redis_server.kill()  # SIGKILL while the three requests are in flight
-            for c, future in futures.items():
-                assert answer(future.result())[0] == expected[c]  # every one answered, natively or reused
+        # The kill lands while the three requests are provably in flight: each one's store lookup
+        # (the hop's first Redis call) waits at a gate until Redis has been SIGKILLed.
+        planner = gw.services.chat.planner
+        lookup, entered, killed = planner._cached_prefix, threading.Semaphore(0), threading.Event()
+
+        def gated(hop: Any) -> Any:
+            entered.release()
+            killed.wait(60)
+            return lookup(hop)
+
+        planner._cached_prefix = gated  # type: ignore[method-assign]
+        try:
+            with ThreadPoolExecutor(3) as clients:
+                futures = {c: clients.submit(chat, gw, "executor", m, c) for c, m in seconds.items()}
+                for _ in seconds:
+                    assert entered.acquire(timeout=120)  # all three are inside the hop
+                redis_server.kill()  # SIGKILL
+                killed.set()
+                for c, future in futures.items():
+                    text, hf, _ = answer(future.result())
+                    assert text == expected[c] and hf["fallback"] == "StoreUnavailable", hf  # answered natively
+        finally:
+            planner._cached_prefix = lookup  # type: ignore[method-assign]
         review = then(seconds["conv-0"], expected["conv-0"], "Check the answer.")
         text, hf, cached = answer(chat(gw, "reviewer", review, "conv-0"))
         assert hf["path"] == "native" and hf["fallback"] == "StoreUnavailable" and cached == 0

@@ -13,7 +13,7 @@ from bench.load import LoadConfig, run_load
 from bench.load_server import conversation_reader
 from gateway.settings import AuthSettings, StoreSettings
 from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, Gateway
-from tests.reliability.test_security import OTHER_KEY
+from tests.reliability.conftest import OTHER_KEY
 
 pytestmark = pytest.mark.models
 

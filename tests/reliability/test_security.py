@@ -15,12 +15,10 @@ import pytest
 from engines.local import LocalEngine
 from gateway.settings import AuthSettings
 from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, SMOL, Gateway
-from tests.gateway.test_admin import saved_identity
-from tests.reliability.conftest import answer, assert_openai_error, chat, events, native
-from tests.reliability.test_faults import opening, then
+from tests.gateway.helpers import saved_identity
+from tests.reliability.conftest import OTHER_KEY, answer, assert_openai_error, chat, events, native, opening, then
 
 pytestmark = pytest.mark.models
-OTHER_KEY = "sk-test-tenant-b"
 WRONG_KEY = "sk-test-wrong-key-0123456789"
 
 
