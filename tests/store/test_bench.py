@@ -4,7 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
-from gateway.cli import app
+from cli import app
 
 
 def test_bench_store_reports_bandwidths_ratios_and_lookup_latency_as_json() -> None:

@@ -5,15 +5,15 @@ import io
 import pytest
 from rich.console import Console
 
-from gateway import cli
+from cli import common
 
 
 def test_progress_prints_plain_lines_to_a_log(monkeypatch: pytest.MonkeyPatch) -> None:
     out = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=out, force_terminal=False, width=160))
+    monkeypatch.setattr(common, "console", Console(file=out, force_terminal=False, width=160))
     clock = iter([0.0, 1.0, 2.0, 7.0, 8.0, 9.0])
-    monkeypatch.setattr(cli.time, "monotonic", lambda: next(clock))
-    with cli._progress_bars("a -> b") as update:
+    monkeypatch.setattr(common.time, "monotonic", lambda: next(clock))
+    with common.progress_bars("a -> b") as update:
         for done in range(1, 6):
             update("fit", done, 5)  # at t = 0, 1, 2, 7, 8
     lines = out.getvalue().splitlines()

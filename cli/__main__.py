@@ -1,0 +1,5 @@
+"""``python -m cli``: the ``heterofold`` command line."""
+
+from cli import app
+
+app()
