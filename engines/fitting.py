@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
-
-import torch
+from collections.abc import Callable, Sequence
 
 from engines.distill import build_docs, distill
 from engines.local import LocalEngine
@@ -17,7 +12,6 @@ from engines.transfer import collect_pairs
 from heterofold.adapter import Adapter, Side
 from heterofold.corpus import stdlib_docstrings
 from heterofold.fit import calibrate_adapter, fit_adapter, stack_pairs
-from heterofold.rope import apply_rope
 from heterofold.suite import builtin_suite
 
 # Evaluation uses builtin_suite(seed=0); the fit corpus draws its task contexts from other seeds.
@@ -110,14 +104,8 @@ async def fit_direction(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Adapter:
     t0 = time.perf_counter()
-    calibrate = method == "heterofold"
-    captured: AbstractContextManager[list[tuple[torch.Tensor, ...]]] = (
-        capture_queries(receiver) if calibrate else nullcontext([])
-    )
-    with captured as queries:
-        pairs = await collect_pairs(sender, receiver, texts, max_tokens=max_tokens, progress=progress)
-    if calibrate:
-        pairs = [dataclasses.replace(p, queries=q) for p, q in zip(pairs, queries, strict=True)]
+    calibrate = method == "heterofold"  # calibration needs the receiver's native queries
+    pairs = await collect_pairs(sender, receiver, texts, max_tokens=max_tokens, queries=calibrate, progress=progress)
     eligible = list(sender.spec.full_attention_layers)  # the layers a canonical sender value holds fully
     data = stack_pairs(pairs, Side.of(sender.spec), Side.of(receiver.spec), eligible)
     digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
@@ -137,37 +125,3 @@ async def fit_direction(
                                     progress=progress)  # fmt: skip
     adapter.manifest.fit["fit_s"] = round(time.perf_counter() - t0, 2)
     return adapter
-
-
-@contextmanager
-def capture_queries(engine: LocalEngine) -> Iterator[list[tuple[torch.Tensor, ...]]]:
-    """Record the receiver's native queries, after RoPE, per layer, for each forward pass run
-    while the context is open (one entry per pass, all layers)."""
-    spec = engine.spec
-    raw: list[torch.Tensor] = []
-    out: list[tuple[torch.Tensor, ...]] = []
-
-    def hook(module: Any, args: Any, output: torch.Tensor) -> None:
-        raw.append(_heads_first(output.detach(), spec.num_heads, spec.head_dim))  # (H_q, T, D)
-        if len(raw) == spec.num_layers:
-            pos = torch.arange(raw[0].shape[1])
-            out.append(tuple(apply_rope(q.float(), pos, spec.layers[i].rope_theta) for i, q in enumerate(raw)))
-            raw.clear()
-
-    handles = []
-    for layer in engine.model.model.layers:
-        attn = layer.self_attn
-        handles.append((getattr(attn, "q_norm", None) or attn.q_proj).register_forward_hook(hook))
-    try:
-        yield out
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _heads_first(x: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
-    """A projection's output as ``(H, T, D)``: q_proj gives (1, T, H*D); Gemma3's q_norm runs
-    after the transpose and gives (1, H, T, D)."""
-    if x.dim() == 4:
-        return x[0]
-    return x[0].reshape(x.shape[1], heads, head_dim).transpose(0, 1)

@@ -20,6 +20,7 @@ from engines.errors import KVMismatch, PromptTooLong
 from engines.hf_cache import dense_cache, export_kv, import_kv
 from engines.loader import LoadedModel, load_converted
 from engines.probe import probing
+from engines.queries import capture_queries
 from engines.recompute import recompute_sync
 from engines.templates import TokenizerText, default_stops
 from engines.worker import Worker
@@ -71,6 +72,20 @@ class LocalEngine(TokenizerText, Engine):
         token sees only the earlier ones of ``ids``, every other position is absent. The value keeps
         those positions; continuing from it puts the next token at ``positions[-1] + 1``."""
         return await self._worker.submit(lambda: self._prefill_at_sync(list(ids), list(positions)))
+
+    async def prefill_with_queries(self, ids: Sequence[int]) -> tuple[KVCache, tuple[torch.Tensor, ...]]:
+        """A dense prefill of ``ids`` and the model's queries after RoPE in that pass, per layer
+        ``(heads, len(ids), head_dim)`` (``engines.queries``). The capture is open inside this one
+        job on the worker thread, so requests the engine serves meanwhile are never recorded."""
+
+        def job() -> tuple[KVCache, tuple[torch.Tensor, ...]]:
+            with capture_queries(self.model, self.spec) as passes:
+                kv, _ = self._prefill_sync(list(ids), None, time.perf_counter(), dense=True)
+            if len(passes) != 1:
+                raise RuntimeError(f"expected one captured pass, got {len(passes)}")
+            return kv, passes[0]
+
+        return await self._worker.submit(job)
 
     async def run_exclusive(self, fn: Callable[[], R]) -> R:
         """Run ``fn`` on the engine's worker thread, one job among the others (a fit's passes
@@ -208,7 +223,7 @@ class LocalEngine(TokenizerText, Engine):
         self._check_length(len(ids))
         cache, start, at = self._start(ids, past)
         layers = self.attention_layers()
-        with probing(self.model, layers) as record:
+        with probing(self.model, layers, rows) as record:
             self._forward(ids[start:], cache, at)
         out = []
         for layer in layers:

@@ -2,9 +2,10 @@
 
 The selectors that choose by meaning (``engines/selectors.py``) need, for a few query tokens run
 over a cached context, each head's attention weights over the keys. SDPA does not return them, so
-``probing(model, layers)`` routes the model's attention through ``_probe_sdpa`` for one pass: it
-computes the layer's output with SDPA as usual and, on the layers asked for, also
-``softmax(q k^T * scaling)`` under the pass's mask over ``cache + new`` keys, averaged over heads.
+``probing(model, layers, rows)`` routes the model's attention through ``_probe_sdpa`` for one
+pass: it computes the layer's output with SDPA as usual and, on the layers asked for, also
+``softmax(q k^T * scaling)`` for the last ``rows`` queries only (a long prompt costs O(rows x S),
+not O(S^2)) under the pass's mask over ``cache + new`` keys, averaged over heads.
 The probe registers SDPA's mask function too: an attention name with no mask function of its own
 gets no mask at all, and SDPA's implicit causal mask is wrong for a pass that continues a cache.
 Only full-attention layers are probed: a sliding layer's cache holds the last window only.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,9 +25,15 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 PROBE = "heterofold_probe_sdpa"
-_probe: contextvars.ContextVar[dict[int, torch.Tensor | None] | None] = contextvars.ContextVar(
-    "heterofold_probe", default=None
-)
+
+
+@dataclass
+class _Record:
+    rows: int  # the last query rows of each pass to record
+    weights: dict[int, torch.Tensor | None]
+
+
+_probe: contextvars.ContextVar[_Record | None] = contextvars.ContextVar("heterofold_probe", default=None)
 
 
 def _probe_sdpa(
@@ -39,23 +47,25 @@ def _probe_sdpa(
     out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     record = _probe.get()
     layer = getattr(module, "layer_idx", None)
-    if record is not None and layer in record:
-        q = query[0].float()  # (H, n, D)
+    if record is not None and layer in record.weights:
+        n_all = query.shape[2]
+        n = min(record.rows, n_all)
+        q = query[0, :, n_all - n :].float()  # (H, n, D)
         k = repeat_kv(key, q.shape[0] // key.shape[1])[0].float()  # (H, S, D)
         scaling = kwargs.get("scaling") or getattr(module, "scaling", q.shape[-1] ** -0.5)
         scores = q @ k.transpose(-1, -2) * scaling  # (H, n, S)
         softcap = kwargs.get("softcap") or getattr(module, "attn_logit_softcapping", None)
         if softcap:
             scores = torch.tanh(scores / softcap) * softcap
-        n, s = scores.shape[-2:]
+        s = scores.shape[-1]
         if attention_mask is None:  # SDPA's own causal rule, which holds when there is no cache
             allowed = torch.arange(s)[None, :] <= torch.arange(s - n, s)[:, None]
             scores = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
         elif attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask[0, :, :, :s], float("-inf"))
+            scores = scores.masked_fill(~attention_mask[0, :, n_all - n : n_all, :s], float("-inf"))
         else:
-            scores = scores + attention_mask[0, :, :, :s].float()
-        record[layer] = scores.softmax(-1).mean(0).cpu()  # (n, S)
+            scores = scores + attention_mask[0, :, n_all - n : n_all, :s].float()
+        record.weights[layer] = scores.softmax(-1).mean(0).cpu()  # (n, S)
     return out, None
 
 
@@ -64,17 +74,18 @@ AttentionMaskInterface.register(PROBE, sdpa_mask)  # the masks SDPA gets (a cach
 
 
 @contextmanager
-def probing(model: Any, layers: list[int]) -> Iterator[dict[int, torch.Tensor | None]]:
-    """Within the block, the model's forward passes record the head-averaged attention of
-    ``layers`` into the dict yielded (layer -> ``(n_new, n_cached + n_new)``). The engine's single
-    worker thread runs one pass at a time, so switching the config is safe."""
+def probing(model: Any, layers: list[int], rows: int = 1) -> Iterator[dict[int, torch.Tensor | None]]:
+    """Within the block, the model's forward passes record the head-averaged attention of the
+    last ``rows`` query tokens of ``layers`` into the dict yielded (layer -> ``(rows, n_cached +
+    n_new)``, fewer rows if the pass has fewer tokens). The engine's single worker thread runs one
+    pass at a time, so switching the config is safe."""
     config = model.config
     before = config._attn_implementation
-    record: dict[int, torch.Tensor | None] = dict.fromkeys(layers)
+    record = _Record(rows, dict.fromkeys(layers))
     token = _probe.set(record)
     config._attn_implementation = PROBE
     try:
-        yield record
+        yield record.weights
     finally:
         config._attn_implementation = before
         _probe.reset(token)

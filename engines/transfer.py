@@ -136,9 +136,14 @@ async def collect_pairs(
     texts: Sequence[str],
     *,
     max_tokens: int = 1024,
+    queries: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> list[FitPair]:
-    """Dense KV of both models on each text (cut to ``max_tokens`` receiver tokens), aligned."""
+    """Dense KV of both models on each text (cut to ``max_tokens`` receiver tokens), aligned; with
+    ``queries``, also the receiver's own queries of each pass (``prefill_with_queries``: a fit
+    running while the receiver serves chat requests records its own passes only)."""
+    if queries and not hasattr(receiver, "prefill_with_queries"):
+        raise TypeError(f"{receiver.spec.name}: capturing queries needs an embedded receiver engine")
     pairs = []
     for i, text in enumerate(texts):
         r_enc = receiver.encode(text)
@@ -148,8 +153,12 @@ async def collect_pairs(
         s_enc = sender.encode(text)
         src = align_tokens(s_enc.offsets, r_enc.offsets, [Section(0, 0, len(text))])
         s_kv, _ = await sender.prefill(s_enc.ids, dense=True)
-        r_kv, _ = await receiver.prefill(r_enc.ids, dense=True)
-        pairs.append(FitPair(s_kv, r_kv, src))
+        if queries:
+            r_kv, q = await receiver.prefill_with_queries(r_enc.ids)  # type: ignore[attr-defined]
+            pairs.append(FitPair(s_kv, r_kv, src, q))
+        else:
+            r_kv, _ = await receiver.prefill(r_enc.ids, dense=True)
+            pairs.append(FitPair(s_kv, r_kv, src))
         if progress:
             progress("collect", i + 1, len(texts))
     return pairs

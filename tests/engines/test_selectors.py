@@ -26,12 +26,14 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-@pytest.mark.parametrize("name", [SMOL, GEMMA])
-def test_attention_read_out_is_the_models_eager_attention(load_engine: Any, name: str) -> None:
+@pytest.mark.parametrize(("name", "cached"), [(SMOL, 80), (GEMMA, 80), (SMOL, 0)])
+def test_attention_read_out_is_the_models_eager_attention(load_engine: Any, name: str, cached: int) -> None:
+    """Over a cache (the attention selectors' pass) and over a whole prompt run from scratch (the
+    scout's): the last 4 rows the probe records are the eager model's."""
     engine = load_engine(name)
     ids = list(engine.encode(stdlib_text(600, start=3)).ids)[:90]
-    past, _ = run(engine.prefill(ids[:80]))
-    got = run(engine.attention(ids, past=past, rows=4))  # (layers, 4, 90), only the last 10 ids run
+    past = run(engine.prefill(ids[:cached]))[0] if cached else None
+    got = run(engine.attention(ids, past=past, rows=4))  # (layers, 4, 90): the last 90 - cached ids run
     model = engine.model
     before = model.config._attn_implementation
     model.config._attn_implementation = "eager"

@@ -3,12 +3,14 @@ identity transfer, and fitting a small adapter end to end."""
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from engines.fitting import _heads_first, fit_direction
+from engines.fitting import fit_direction
 from engines.local import LocalEngine
+from engines.queries import heads_first
 from engines.selectors import HopText
 from engines.transfer import transfer
 from heterofold.adapter import Adapter, Side
@@ -36,7 +38,7 @@ def test_stripping_rope_recovers_the_models_own_unrotated_keys(engine: LocalEngi
             kv, _ = run(engine.prefill(ids, dense=True))
         finally:
             hook.remove()
-        raw = _heads_first(seen.pop(), engine.spec.num_kv_heads, engine.spec.head_dim)
+        raw = heads_first(seen.pop(), engine.spec.num_kv_heads, engine.spec.head_dim)
         stripped = strip_rope(kv.keys[layer], kv.positions, engine.spec.layers[layer].rope_theta)
         torch.testing.assert_close(stripped, raw, atol=2e-4, rtol=1e-4)
 
@@ -147,6 +149,37 @@ def test_fit_save_load_apply_round_trip(load_engine, tmp_path: Path) -> None:  #
         Adapter.load(tmp_path / "a", **{**fps, "receiver_fingerprint": sender.spec.fingerprint})
     again = run(fit_direction(sender, receiver, method="kv-ridge", texts=texts, seed=0, version="t", max_tokens=200))
     assert all(torch.equal(a.k_weight, b.k_weight) for a, b in zip(adapter.maps, again.maps, strict=True))
+
+
+def test_a_fit_while_the_receiver_serves_chat_equals_a_fit_on_an_idle_receiver(load_engine) -> None:  # type: ignore[no-untyped-def]
+    """Calibration reads the receiver's queries: chat requests streamed through the same engine
+    during the fit must neither reach the fit's captured queries nor change what it fits."""
+    from engines.base import SamplingParams
+
+    sender, receiver = load_engine("smollm2-135m-instruct"), load_engine("gemma3-270m")
+    texts = [stdlib_text(900, start=i * 11) for i in range(3)]
+
+    def fit() -> Any:
+        return fit_direction(sender, receiver, method="heterofold", texts=texts, seed=0, version="t", max_tokens=160)
+
+    idle = run(fit())
+    chat = list(receiver.encode(receiver.render([{"role": "user", "content": "Name three colours."}])).ids)
+
+    async def busy() -> tuple[Any, int]:
+        task = asyncio.ensure_future(fit())
+        served = 0
+        while not task.done():
+            async for _ in receiver.stream(chat, SamplingParams(max_tokens=4)):
+                pass
+            served += 1
+        return await task, served
+
+    loaded, served = run(busy())
+    assert served >= 3  # requests really ran on the receiver while the fit did
+    assert loaded.manifest.metrics == idle.manifest.metrics
+    for a, b in zip(idle.maps, loaded.maps, strict=True):
+        torch.testing.assert_close(a.k_weight, b.k_weight, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a.v_weight, b.v_weight, atol=1e-5, rtol=1e-5)
 
 
 def test_bench_transfer_times_every_path_from_one_run(load_engine) -> None:  # type: ignore[no-untyped-def]
