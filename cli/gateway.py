@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -63,14 +64,16 @@ async def _run(settings: Settings, admin_key: str) -> None:
         await asyncio.sleep(0.1)
     base = f"http://{settings.host}:{settings.port}"
     _print_urls(settings, base, admin_key)
-    jobs = app.state.services.jobs.jobs
+    jobs = list(app.state.services.jobs.jobs.values())  # the bootstrap's, not fits started later
     if jobs:
         console.print(
             f"Fitting {len(jobs)} adapter directions in the background (a few minutes each on a CPU). The gateway "
             "serves native prefill meanwhile; each direction starts transferring KV once its adapter is active."
         )
         await _progress(jobs, serving)
-        console.print("Adapters fitted and promoted. Ctrl-C stops the gateway.")
+        ok = all(job.status == "done" for job in jobs)
+        tail = "" if serving.done() else " Ctrl-C stops the gateway."
+        console.print(fit_summary(jobs) + tail, style=None if ok else "yellow", markup=False)
     else:
         console.print("Every direction already has an adapter. Ctrl-C stops the gateway.")
     await serving
@@ -94,18 +97,30 @@ def _print_urls(settings: Settings, base: str, admin_key: str) -> None:
     console.print(f"Try: heterofold demo --url {base}")
 
 
-async def _progress(jobs: dict[str, Job], serving: asyncio.Task[None]) -> None:
+def fit_summary(jobs: Sequence[Job]) -> str:
+    """What the bootstrap fits came to: how many adapters are active, each failure with its error,
+    and how many had not finished (the gateway stopped first)."""
+    done = sum(job.status == "done" for job in jobs)
+    parts = [f"{done} of {len(jobs)} adapters fitted and active"]
+    parts += [f"{job.sender} -> {job.receiver} failed: {job.error}" for job in jobs if job.status == "failed"]
+    unfinished = sum(job.status not in ("done", "failed") for job in jobs)
+    if unfinished:
+        parts.append(f"{unfinished} not finished")
+    return "; ".join(part.rstrip(".") for part in parts) + "."
+
+
+async def _progress(jobs: Sequence[Job], serving: asyncio.Task[None]) -> None:
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), TimeElapsedColumn())
     with Progress(*columns, console=console) as bars:
         ids: dict[str, TaskID] = {}
         while not serving.done():
-            for job in list(jobs.values()):
+            for job in jobs:
                 state = f"{job.status} {job.stage} {job.done}/{job.total}"
                 if job.id not in ids:
                     ids[job.id] = bars.add_task(f"{job.sender} -> {job.receiver}", total=1.0, state=state)
                 finished = job.status in ("done", "failed")
                 bars.update(ids[job.id], completed=1.0 if finished else job.view()["progress"], state=state)
-            if all(job.status in ("done", "failed") for job in jobs.values()):
+            if all(job.status in ("done", "failed") for job in jobs):
                 return
             await asyncio.sleep(0.5)
 

@@ -1,6 +1,6 @@
 """The adapters page's data: versions grouped by ordered pair, with their fidelity metrics from
 fitting, shadow drift (the mean over the shadow window and the samples over time), and the actions
-each status allows."""
+each status allows; and the drift of the active version per engine pair (the overview's routes)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,17 @@ ALLOWED = {
     "active": ("rollback", "retire"),
     "retired": (),
 }
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One version's shadow drift over the last ``window`` samples; the means are None without samples."""
+
+    adapter_id: int
+    version: str
+    samples: int
+    mean_kl: float | None
+    mean_top1: float | None
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,26 @@ def actions_for(row: AdapterRow, stale: bool) -> tuple[str, ...]:
     return tuple(a for a in allowed if not (stale and a == "promote"))
 
 
+def version_drift(*, session: Session, row: AdapterRow, window: int) -> Drift:
+    n, kl, top1 = repo.drift(session=session, adapter_id=row.id, window=window)
+    return Drift(row.id, row.version, n, kl if n else None, top1 if n else None)
+
+
+def active_drift(*, session: Session, pool: EnginePool, window: int) -> dict[tuple[str, str], Drift]:
+    """(sender engine, receiver engine) -> the drift of the active version for their fingerprints,
+    for every ordered pair of ``pool``'s engines that has one."""
+    rows = repo.serving(session=session, statuses=("active",))
+    drift = {(r.sender_fingerprint, r.receiver_fingerprint): version_drift(session=session, row=r, window=window)
+             for r in rows}  # fmt: skip
+    out = {}
+    for sender in pool:
+        for receiver in pool:
+            d = drift.get((sender.engine.spec.fingerprint, receiver.engine.spec.fingerprint))
+            if d is not None:
+                out[(sender.name, receiver.name)] = d
+    return out
+
+
 def pair_views(*, session: Session, pool: EnginePool, window: int, threshold: float) -> list[PairView]:
     rows = repo.list_adapters(session=session)
     history = shadow_history(session=session, adapter_ids=[r.id for r in rows], per_version=SAMPLES_PER_VERSION)
@@ -75,9 +106,9 @@ def pair_views(*, session: Session, pool: EnginePool, window: int, threshold: fl
     for i, members in enumerate(pairs.values()):
         versions = []
         for r in members:
-            n, kl, top1 = repo.drift(session=session, adapter_id=r.id, window=window)
+            d = version_drift(session=session, row=r, window=window)
             stale = is_stale(r, pool)
-            versions.append(VersionView(r, stale, fidelity(r.metrics), n, kl if n else None, top1 if n else None,
+            versions.append(VersionView(r, stale, fidelity(r.metrics), d.samples, d.mean_kl, d.mean_top1,
                                         actions_for(r, stale)))  # fmt: skip
         series = [Series(f"{r.version} (id {r.id})", by_version.get(r.id, [])) for r in members]
         first = members[0]

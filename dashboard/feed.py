@@ -2,8 +2,8 @@
 
 Every event of the store's stream (``store/events.py`` lists the kinds) becomes a ``FeedItem``;
 ``prefill.saved`` with ``path=transfer`` is how a cross-model transfer shows up. Alerts
-(``oom.alert``, ``adapter.drift``, ``engine.failure``) have severity ``alert``; the page shows a
-banner for OOM alerts.
+(``oom.alert``, ``adapter.drift``, ``engine.failure``, ``fit.failed``) have severity ``alert``; the
+page shows a banner for OOM alerts.
 
 The stream polls Redis (XRANGE after the last id sent, every ``poll_s``) instead of blocking in
 XREAD: a blocked read would hold one of the event loop's few worker threads per open page. It
@@ -24,7 +24,7 @@ from store.connection import redis_errors
 from store.errors import StoreError
 from store.events import Event, EventLog
 
-ALERT_KINDS = ("oom.alert", "adapter.drift", "engine.failure")
+ALERT_KINDS = ("oom.alert", "adapter.drift", "engine.failure", "fit.failed")
 KEEPALIVE_S = 10.0
 
 
@@ -94,6 +94,10 @@ def describe(event: Event) -> FeedItem:
         severity, title = "alert", "drift alert"
         text = (f"version {g('version', '?')}: mean first-token KL {g('first_token_kl', '?')} over "
                 f"{g('samples', '?')} samples (threshold {g('threshold', '?')})")  # fmt: skip
+    elif kind == "fit.failed":
+        severity, title, n = "alert", "fit failed", g("attempts", "?")
+        text = (f"{g('sender', '?')} -> {g('receiver', '?')} ({g('method', '?')}) failed after "
+                f"{n} attempt{'' if n == '1' else 's'}: {g('error', '?')}")  # fmt: skip
     try:
         ts = float(g("ts", "0"))
     except ValueError:

@@ -1,7 +1,7 @@
 """The dashboard's read-only pages and feeds (open, like ``/metrics``; admin actions are in
 ``actions.py``).
 
-GET /dashboard                     overview: per-route traffic and speedup, tier memory, alerts
+GET /dashboard                     overview: per-route traffic, speedup and drift, tier memory, alerts
 GET /dashboard/adapters            versions per ordered pair, fidelity, drift, fit jobs, audit
 GET /dashboard/live                the live event feed
 GET /dashboard/events              Server-Sent Events (``?after=<stream id>`` or Last-Event-ID)
@@ -19,9 +19,9 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 
 from dashboard import feed
-from dashboard.adapters_view import audit_rows, pair_views
+from dashboard.adapters_view import Drift, active_drift, audit_rows, pair_views
 from dashboard.charts import Series, bar_chart, line_chart
-from dashboard.routes_view import PATHS, route_stats, totals
+from dashboard.routes_view import PATHS, route_stats, totals, with_drift
 from dashboard.web import DashboardDep, PageError, SessionDep, render
 from gateway.deps import ServicesDep
 from gateway.errors import GatewayError, RegistryError
@@ -38,12 +38,16 @@ AUDIT_ROWS = 20
 @router.get("", response_class=HTMLResponse)
 async def overview(request: Request, services: ServicesDep, dash: DashboardDep, session: SessionDep) -> HTMLResponse:
     records: list[RequestRecord] = []
+    drift: dict[tuple[str, str], Drift] = {}
+    shadow = services.settings.shadow
     registry_ok = True
     try:
         records = await asyncio.to_thread(services.requests.recent, dash.settings.requests)
+        drift = await in_session(services.db, lambda s: active_drift(session=s, pool=services.pool,
+                                                                      window=shadow.window))  # fmt: skip
     except RegistryError:
         registry_ok = False
-    routes = route_stats(records)
+    routes = with_drift(route_stats(records), drift, shadow)
     speedups = [(r.label, s) for r in routes if (s := r.speedup) is not None]
     speed_chart = bar_chart(speedups, title="Speedup per route: median TTFT native / transfer",
                             fmt=lambda v: f"{v:.2f}x", reference=1.0, empty="no transferred requests yet")  # fmt: skip
@@ -56,7 +60,7 @@ async def overview(request: Request, services: ServicesDep, dash: DashboardDep, 
         request, "overview.html", services=services, dash=dash, session=session, routes=routes, paths=PATHS,
         totals=totals(routes), speed_chart=speed_chart, usage=usage, memory_chart=memory_chart,
         registry_ok=registry_ok, window=dash.settings.requests, samples=len(dash.history),
-        interval=dash.settings.sample_interval_s,
+        interval=dash.settings.sample_interval_s, shadow=shadow,
     )  # fmt: skip
 
 

@@ -8,17 +8,23 @@ same receiver engine, but other prompts. Where the role has none either (every h
 it is estimated per transferred request as its TTFT plus the prefill time it saved
 (``native_scope == "estimate"``; the gateway's estimate: the engine's measured prefill rate times
 the cached tokens, net of the transfer). The page marks both.
+
+``with_drift`` adds the shadow drift of the adapter version serving a route: the active version for
+its (sender, receiver) engines. A route is ``drifted`` under the condition that raises the
+``adapter.drift`` alert (``ShadowSettings.drifted``); the page marks the row, and raises nothing.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from statistics import median
 from typing import Literal
 
+from dashboard.adapters_view import Drift
 from gateway.request_log import RequestRecord
+from gateway.settings import ShadowSettings
 
 PATHS = ("native", "prefix", "transfer", "map_quote", "quote")
 HOPS = ("transfer", "map_quote", "quote")  # the cross-model paths (gateway/hop.py)
@@ -37,6 +43,8 @@ class RouteStats:
     native_scope: Scope | None  # where the native median came from
     tokens_saved: int  # prompt tokens not prefilled (cached: prefix reuse or transfer)
     seconds_saved: float  # estimated prefill time saved, net of transfer time (may be negative)
+    drift: Drift | None = None  # of the active version for (sender, receiver); see with_drift
+    drifted: bool = False
 
     @property
     def label(self) -> str:
@@ -88,6 +96,19 @@ def route_stats(records: Iterable[RequestRecord]) -> list[RouteStats]:
             seconds_saved=sum(r.prefill_ms_saved for r in rows) / 1000,
         )  # fmt: skip
         out.append(stats)
+    return out
+
+
+def with_drift(routes: Iterable[RouteStats], drift: Mapping[tuple[str, str], Drift],
+               shadow: ShadowSettings) -> list[RouteStats]:  # fmt: skip
+    """``routes`` with the drift of the version serving each: ``drift`` maps (sender engine, receiver
+    engine) to their active version's (``adapters_view.active_drift``). None for a first hop, or a
+    pair without an active version."""
+    out = []
+    for r in routes:
+        d = drift.get((r.sender, r.receiver)) if r.sender is not None else None
+        drifted = d is not None and d.mean_kl is not None and shadow.drifted(d.samples, d.mean_kl)
+        out.append(replace(r, drift=d, drifted=drifted))
     return out
 
 

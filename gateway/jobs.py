@@ -1,7 +1,14 @@
 """Adapter fit jobs: started from the admin API (or at first start), run one at a time in the
 background, progress kept in memory and in the ``fit_jobs`` table. A finished fit is saved under
 ``adapters_dir`` and registered as a ``candidate``; a bootstrap fit for a pair with no active
-version is promoted at once (actor ``bootstrap``)."""
+version is promoted at once (actor ``bootstrap``).
+
+A fit that raises runs again, up to ``retries`` more times, after ``backoff_s`` doubled per attempt
+(the job stays ``running`` meanwhile, and keeps its place: jobs queued behind it wait). After the
+last attempt the job is ``failed``, a ``fit.failed`` event goes to the store and
+``heterofold_fit_failures_total{method}`` counts it. A fit cancelled because the gateway is stopping
+(``FitCancelled``) is ``failed`` at once, without a retry or an alert.
+"""
 
 from __future__ import annotations
 
@@ -21,11 +28,14 @@ from gateway.artifacts import new_folder
 from gateway.background import Background
 from gateway.engine_pool import EnginePool
 from gateway.errors import InvalidRequest, NotFound
+from gateway.metrics import Metrics
 from gateway.registry import adapters as repo
 from gateway.registry.db import Database
 from gateway.registry.tables import FitJobRow
+from store.events import EventLog
 
 log = logging.getLogger(__name__)
+EVENT_ERROR_CHARS = 500  # of the error message in a fit.failed event
 
 
 class FitCancelled(Exception):
@@ -46,7 +56,8 @@ class Job:
     stage: str = ""
     done: int = 0
     total: int = 0
-    error: str | None = None
+    attempts: int = 0  # fits started so far, the running one included
+    error: str | None = None  # the last attempt's, while it is retried; none once one succeeds
     adapter_id: int | None = None
     started: float = field(default_factory=time.time)
 
@@ -58,12 +69,19 @@ class Job:
 
 class FitJobs:
     def __init__(self, *, db: Database, pool: EnginePool, resolver: AdapterResolver, adapters_dir: Path,
-                 background: Background) -> None:  # fmt: skip
+                 background: Background, events: EventLog, metrics: Metrics, retries: int = 0,
+                 backoff_s: float = 0.0) -> None:  # fmt: skip
+        if retries < 0 or backoff_s < 0:
+            raise ValueError("retries and backoff_s must not be negative")
         self.db = db
         self.pool = pool
         self.resolver = resolver
         self.adapters_dir = adapters_dir
         self.background = background
+        self.events = events
+        self.metrics = metrics
+        self.retries = retries
+        self.backoff_s = backoff_s
         self.jobs: dict[str, Job] = {}
         self._one_at_a_time = asyncio.Lock()
         self._stopping = threading.Event()
@@ -100,21 +118,45 @@ class FitJobs:
             if row is None:
                 row = FitJobRow(id=job.id, sender_name=job.sender, receiver_name=job.receiver, method=job.method)
             row.status, row.stage, row.done, row.total = job.status, job.stage, job.done, job.total
+            row.attempts = job.attempts
             row.error, row.adapter_id = job.error, job.adapter_id
             session.add(row)
 
     async def _run(self, job: Job) -> None:
         async with self._one_at_a_time:
             job.status = "running"
-            await asyncio.to_thread(self._save, job)
-            try:
-                await asyncio.to_thread(self._fit, job)
-                job.status = "done"
-            except Exception as exc:
-                job.status, job.error = "failed", f"{type(exc).__name__}: {exc}"
-                log.exception("fit job %s failed", job.id)
+            for attempt in range(1, 2 + self.retries):
+                job.attempts = attempt
+                await asyncio.to_thread(self._save, job)
+                try:
+                    await asyncio.to_thread(self._fit, job)
+                except FitCancelled as exc:
+                    job.status, job.error = "failed", _describe(exc)
+                    log.warning("fit job %s cancelled: %s", job.id, exc)
+                    break
+                except Exception as exc:
+                    job.error = _describe(exc)
+                    log.exception("fit job %s: attempt %d of %d failed", job.id, attempt, 1 + self.retries)
+                    if attempt > self.retries or self._stopping.is_set():
+                        job.status = "failed"
+                        await self._alert(job)
+                        break
+                    delay = self.backoff_s * 2 ** (attempt - 1)
+                    job.stage = f"attempt {attempt} failed; retrying in {delay:g} s"
+                    await asyncio.to_thread(self._save, job)
+                    await asyncio.sleep(delay)
+                else:
+                    job.status, job.error = "done", None
+                    break
             await asyncio.to_thread(self._save, job)
             self.resolver.invalidate()
+
+    async def _alert(self, job: Job) -> None:
+        self.metrics.fit_failures.labels(job.method).inc()
+        error = (job.error or "")[:EVENT_ERROR_CHARS]
+        fields = {"sender": job.sender, "receiver": job.receiver, "method": job.method, "attempts": job.attempts,
+                  "error": error}  # fmt: skip
+        await asyncio.to_thread(self.events.emit_quietly, "fit.failed", time.time(), **fields)
 
     def _fit(self, job: Job) -> None:
         """On a worker thread with its own event loop: the fit's linear algebra must not block the
@@ -127,6 +169,7 @@ class FitJobs:
                 raise FitCancelled("the gateway is stopping")
             job.stage, job.done, job.total = stage, done, total
 
+        progress("starting", 0, 0)  # a retry after stop() gives up here
         texts = default_corpus(0, job.docs)
         adapter = asyncio.run(
             fit_direction(sender, receiver, method=job.method, texts=texts, seed=0, version=job.version,
@@ -142,13 +185,13 @@ class FitJobs:
                 version=m.version, method=m.method, artifact_path=str(folder), sha256=sha,
                 metrics={**m.metrics, "fit": m.fit}, actor="fit",
             )  # fmt: skip
-            job.adapter_id = row.id
             if job.activate and not any(
                 r.status == "active" and r.sender_fingerprint == row.sender_fingerprint
                 and r.receiver_fingerprint == row.receiver_fingerprint
                 for r in repo.serving(session=session, statuses=("active",))
             ):  # fmt: skip
                 repo.promote(session=session, adapter_id=row.id, actor="bootstrap")
+        job.adapter_id = row.id  # once committed: a failed promotion leaves no row behind to point at
 
     def bootstrap(self, *, method: str, docs: int, max_tokens: int, order: list[tuple[str, str]]) -> list[Job]:
         """Fit, in ``order``, every direction between configured engines that has no version yet."""
@@ -162,3 +205,7 @@ class FitJobs:
                 jobs.append(self.start(sender=s, receiver=r, method=method, docs=docs, max_tokens=max_tokens,
                                        version=f"{method}-bootstrap", activate=True))  # fmt: skip
         return jobs
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

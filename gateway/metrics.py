@@ -1,5 +1,5 @@
 """Prometheus metrics of one gateway: prefix ``heterofold_``, base units, counters end in ``_total``,
-labels of low cardinality (roles, paths, model pairs, reasons, tiers, adapter versions).
+labels of low cardinality (roles, paths, model pairs, reasons, tiers, adapter versions, fit methods).
 
 Each app owns its registry, so two apps in one process (tests) never share counters.
 """
@@ -70,6 +70,8 @@ class Metrics:
         self.shadow_samples = Counter("heterofold_shadow_samples_total", "Shadow evaluations run", ["version"],
                                       registry=r)  # fmt: skip
         self.drift_alerts = Counter("heterofold_drift_alerts_total", "Adapter drift alerts", ["version"], registry=r)
+        self.fit_failures = Counter("heterofold_fit_failures_total", "Fit jobs that failed their last attempt",
+                                    ["method"], registry=r)  # fmt: skip
         self.rate_limited = Counter("heterofold_rate_limited_total", "Requests answered 429 (engine queue full)",
                                     ["engine"], registry=r)  # fmt: skip
         self.storage_hits = Counter("heterofold_storage_hits_total", "KV imports SGLang loaded from HiCache storage",

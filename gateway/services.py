@@ -104,15 +104,18 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
         settings=settings, pool=pool, planner=planner, recorder=recorder, shadow=shadow, resolver=resolver,
         fallbacks=fallbacks, store=store, metrics=metrics, background=background, journal=requests,
     )  # fmt: skip
-    jobs = FitJobs(db=db, pool=pool, resolver=resolver, adapters_dir=settings.adapters_dir, background=background)
+    b = settings.bootstrap
+    jobs = FitJobs(
+        db=db, pool=pool, resolver=resolver, adapters_dir=settings.adapters_dir, background=background,
+        events=store.events, metrics=metrics, retries=b.fit_retries, backoff_s=b.fit_retry_backoff_s,
+    )  # fmt: skip
     services = Services(settings, keys, metrics, store, db, pool, resolver, chat, jobs, background, requests)
     loop = asyncio.get_running_loop()
     services.event_tail = loop.create_task(tail_events(store, metrics), name="event-tail")
 
     def registry_ready() -> None:
         resolver.invalidate()
-        if settings.bootstrap.fit_missing:  # on the loop: the jobs are tasks of it (a few quick SQL reads)
-            b = settings.bootstrap
+        if b.fit_missing:  # on the loop: the jobs are tasks of it (a few quick SQL reads)
             jobs.bootstrap(method=b.method, docs=b.docs, max_tokens=b.max_tokens, order=hop_directions(settings))
 
     try:

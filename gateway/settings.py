@@ -133,14 +133,22 @@ class ShadowSettings(_Section):
     min_samples: int = Field(default=5, ge=1)
     auto_rollback: bool = False
 
+    def drifted(self, samples: int, mean_kl: float) -> bool:
+        """The drift alert's condition: at least ``min_samples`` samples, mean KL over the threshold."""
+        return samples >= self.min_samples and mean_kl > self.drift_kl_threshold
+
 
 class BootstrapSettings(_Section):
-    """Adapters fitted in background jobs at start for directions that have none (``heterofold run``)."""
+    """Adapters fitted in background jobs at start for directions that have none (``heterofold run``).
+    ``fit_retries`` applies to every fit job, admin-started ones too: a fit that raises runs again
+    after ``fit_retry_backoff_s``, doubled before each further attempt."""
 
     fit_missing: bool = False
     method: Literal["heterofold", "kv-ridge"] = "heterofold"
     docs: int = Field(default=8, ge=2)
     max_tokens: int = Field(default=512, ge=64)
+    fit_retries: int = Field(default=2, ge=0)  # attempts after the first; then a fit.failed alert
+    fit_retry_backoff_s: float = Field(default=5.0, ge=0.0)
 
 
 class DashboardSettings(_Section):

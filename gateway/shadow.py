@@ -87,8 +87,7 @@ class ShadowEvaluator:
         self.metrics.shadow_samples.labels(version).inc()
         self.metrics.drift_kl.labels(version).set(mean_kl)
         self.metrics.drift_top1.labels(version).set(mean_top1)
-        s = self.settings
-        if n >= s.min_samples and mean_kl > s.drift_kl_threshold and adapter_id not in self._alerted:
+        if self.settings.drifted(n, mean_kl) and adapter_id not in self._alerted:
             self._alerted.add(adapter_id)
             await self._alert(adapter_id, version, n, mean_kl, mean_top1)
 

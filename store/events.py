@@ -13,6 +13,7 @@ Written by the gateway:
     engine.failure     engine, role, reason ("timeout" or an error class), detail
     adapter.status     adapter, version, from, to, actor
     adapter.drift      adapter, version, samples, first_token_kl, top1_agreement, threshold
+    fit.failed         sender, receiver (engine names), method, attempts, error (its class and message)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 KINDS = (
     "kv.stored", "kv.hit", "kv.promoted", "kv.demoted", "kv.evicted", "prefill.saved", "oom.alert",
-    "transfer.fallback", "engine.failure", "adapter.status", "adapter.drift",
+    "transfer.fallback", "engine.failure", "adapter.status", "adapter.drift", "fit.failed",
 )  # fmt: skip
 BACKLOG = 1000  # events kept in memory while Redis is down, written when it answers again
 

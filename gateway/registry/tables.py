@@ -89,6 +89,7 @@ class FitJobRow(Base):
     stage: Mapped[str] = mapped_column(String(50), default="")
     done: Mapped[int] = mapped_column(Integer, default=0)
     total: Mapped[int] = mapped_column(Integer, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # fits started, retries included
     error: Mapped[str | None] = mapped_column(Text, default=None)
     adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapter_versions.id"), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

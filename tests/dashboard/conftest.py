@@ -11,39 +11,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from engines.local import LocalEngine
 from gateway.app import create_app
 from gateway.engine_pool import EnginePool
 from gateway.settings import DashboardSettings, ShadowSettings, StoreSettings
-from heterofold.adapter import Adapter, LayerMap, Manifest, Side
 from tests.dashboard.traffic import register
 from tests.gateway import conftest as gateway_fixtures
 from tests.gateway.conftest import GEMMA, SMOL, Gateway, _serve, make_settings
+from tests.gateway.helpers import small_adapter
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(os.environ.get("HETEROFOLD_SCREENSHOTS", ROOT / "artifacts" / "screenshots"))
 FAST = DashboardSettings(sample_interval_s=0.5, poll_s=0.2, stream_s=20.0)
 pool = gateway_fixtures.pool  # the session's smollm2 and gemma3 engines, shared with tests/gateway
-
-
-def small_adapter(sender: LocalEngine, receiver: LocalEngine, version: str, seed: int) -> Adapter:
-    """A real artifact of the right shapes with small random maps: fitting one takes a minute, and
-    these tests exercise the registry and the pages, not the map's quality."""
-    s, r = Side.of(sender.spec), Side.of(receiver.spec)
-    g = torch.Generator().manual_seed(seed)
-    f_in, out = s.num_kv_heads * s.head_dim, r.num_kv_heads * r.head_dim
-
-    def weight() -> torch.Tensor:
-        return torch.randn(f_in, out, generator=g) * 0.02  # (H_s * D_s, H_r * D_r): one sender layer per layer
-
-    maps = [LayerMap(weight(), torch.zeros(out), weight(), torch.zeros(out)) for _ in range(r.num_layers)]
-    layers = tuple((round(i * (s.num_layers - 1) / max(r.num_layers - 1, 1)),) for i in range(r.num_layers))
-    metrics = {"mean_r2_k": 0.41 + 0.01 * seed, "mean_r2_v": 0.37, "held_out_r2_k": [0.4, 0.42]}
-    return Adapter(Manifest("kv-ridge", version, s, r, layers, fit={"seed": seed}, metrics=metrics), maps)
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ def route_row(page: Page, role: str, route: str) -> Any:
 
 
 def test_overview_shows_per_route_numbers_after_chat_requests(
-    gateway: Gateway, traffic: dict[str, dict[str, Any]], page: Page
+    gateway: Gateway, versions: dict[str, int], traffic: dict[str, dict[str, Any]], page: Page
 ) -> None:
     page.goto(f"{gateway.url}/dashboard")
     expect(page.locator("#total-requests")).to_have_text(str(len(traffic)))
@@ -52,13 +52,20 @@ def test_overview_shows_per_route_numbers_after_chat_requests(
     expect(row.locator("td").nth(4)).to_have_text(f"≈ {native:.0f} ms")
     expect(row.locator("td").nth(5)).to_have_text(f"{transfer:.0f} ms")
     expect(row.locator("td.speedup")).to_have_text(f"{native / transfer:.2f}x")
+    # the active version v1 was shadow-evaluated on the transfer: one sample, too few to alert
+    expect(row.locator("td.drift-samples a")).to_have_text("1")
+    expect(row.locator("td.drift-samples a")).to_have_attribute("href", f"/dashboard/adapters#adapter-{versions['v1']}")
+    expect(row.locator("td.drift-kl")).to_have_text(re.compile(r"^\d[\d.e+-]*$"))
+    expect(row.locator("td.drift-top1")).to_have_text(re.compile(r"^[01]\.\d\d$"))
+    expect(row).not_to_have_class("drifted")
     saved = traffic["summarizer"]
-    expect(row.locator("td").nth(7)).to_have_text(re.compile(r"^[\d,]+$"))
-    assert int(row.locator("td").nth(7).inner_text().replace(",", "")) > saved["tokens_transferred"]
+    expect(row.locator("td").nth(10)).to_have_text(re.compile(r"^[\d,]+$"))
+    assert int(row.locator("td").nth(10).inner_text().replace(",", "")) > saved["tokens_transferred"]
     reviewer = route_row(page, "reviewer", f"{SMOL} → {SMOL}")
     expect(reviewer).to_contain_text("transfer 1")
     # no native request for this role: native estimated as the transfer's TTFT plus the prefill it saved
     expect(reviewer.locator("td").nth(4)).to_have_text(re.compile(r"^est\. \d+ ms$"))
+    expect(reviewer.locator("td.drift-samples")).to_have_text("-")  # same model: the identity, no registry version
     shown = float(reviewer.locator("td").nth(4).inner_text().split()[1])
     assert shown == pytest.approx(traffic["reviewer"]["ttft_ms"] + traffic["reviewer"]["prefill_ms_saved"], abs=1)
     expect(route_row(page, "executor", f"- → {SMOL}")).to_contain_text("native 1")

@@ -28,6 +28,19 @@ def test_oom_eviction_and_rollback_events_have_their_severity() -> None:
     assert back.title == "rollback" and "v1" in back.text
 
 
+def test_failed_fit_is_an_alert_naming_the_direction_attempts_and_error() -> None:
+    fields = {"ts": "990", "sender": "smollm2-135m-instruct", "receiver": "qwen2.5-coder-0.5b-instruct",
+              "method": "kv-ridge", "attempts": "3", "error": "ValueError: singular matrix"}  # fmt: skip
+    item = describe(Event("4-0", "fit.failed", fields))
+    assert (item.severity, item.title) == ("alert", "fit failed")
+    assert item.text == ("smollm2-135m-instruct -> qwen2.5-coder-0.5b-instruct (kv-ridge) failed after 3 attempts: "
+                         "ValueError: singular matrix")  # fmt: skip
+    assert "after 1 attempt:" in describe(Event("5-0", "fit.failed", {**fields, "attempts": "1"})).text
+    assert [a.kind for a in active_alerts([Event("4-0", "fit.failed", fields)], now=1000.0, window_s=60.0)] == [
+        "fit.failed"
+    ]
+
+
 def test_unknown_kinds_are_shown_with_their_fields() -> None:
     item = describe(Event("1-0", "something.new", {"ts": "x", "a": "1"}))
     assert item.title == "something.new" and "a=1" in item.text and item.ts == 0.0

@@ -1,8 +1,11 @@
-"""Alembic on SQLite and PostgreSQL: upgrade, downgrade to nothing, upgrade again."""
+"""Alembic on SQLite and PostgreSQL: upgrade, downgrade to nothing, upgrade again; a column added to
+a table that has rows."""
 
 from __future__ import annotations
 
-from sqlalchemy import create_engine, inspect
+from datetime import UTC, datetime
+
+from sqlalchemy import create_engine, inspect, text
 
 from gateway.registry import db
 
@@ -33,3 +36,21 @@ def test_each_revision_downgrades_what_it_upgraded(database_url: str) -> None:
     assert tables(database_url) == {"models"}
     db.upgrade(database_url)
     assert tables(database_url) == TABLES
+
+
+def test_0007_gives_existing_fit_jobs_zero_attempts_and_downgrades_cleanly(database_url: str) -> None:
+    db.upgrade(database_url, "0006")
+    engine = create_engine(db.normalize_url(database_url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO fit_jobs (id, sender_name, receiver_name, method, status, stage, done, total, created_at, "
+                "updated_at) VALUES ('j1', 'a', 'b', 'kv-ridge', 'done', '', 1, 1, :now, :now)"
+            ), {"now": datetime.now(UTC)})  # fmt: skip
+        db.upgrade(database_url)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT attempts FROM fit_jobs WHERE id = 'j1'")).scalar_one() == 0
+        db.downgrade(database_url, "0006")
+        assert "attempts" not in {c["name"] for c in inspect(engine).get_columns("fit_jobs")}
+    finally:
+        engine.dispose()
