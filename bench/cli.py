@@ -56,6 +56,9 @@ def bench_selectors(
     quote_budget: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Budget of the quote accuracy (0: skip).")
     ] = 0.02,
+    quote_selectors: Annotated[
+        str, typer.Option(help="Selectors whose choice is quoted for accuracy, comma separated (default: all).")
+    ] = "",
     native: Annotated[bool, typer.Option(help="Also measure the receiver's native accuracy.")] = True,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
     cache_dir: CacheDir = None,
@@ -84,7 +87,9 @@ def bench_selectors(
         with progress_bars(f"{sender} -> {receiver}") as progress:
             result = asyncio.run(
                 compare(s, r, items, adapter=mapped, scout=reader, budgets=[float(b) for b in budgets.split(",")],
-                        quote_budget=quote_budget or None, native=native, progress=progress)
+                        quote_budget=quote_budget or None,
+                        quote_selectors=[q for q in quote_selectors.split(",") if q] or None, native=native,
+                        progress=progress)
             )  # fmt: skip
     console.print(markdown(result))
     if json_out:

@@ -40,11 +40,14 @@ async def compare(
     scout: LocalEngine | None,
     budgets: Sequence[float] = (0.01, 0.02, 0.05),
     quote_budget: float | None = 0.02,
+    quote_selectors: Sequence[str] | None = None,
     native: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Recall (and quote accuracy) per selector, budget and kind on ``items`` (module docstring).
-    Selectors that need what is not given (an adapter for receiver-attention, a scout) are left out."""
+    Selectors that need what is not given (an adapter for receiver-attention, a scout) are left out.
+    ``quote_selectors`` limits the quote accuracy (a greedy answer per selector and item) to those
+    named; None quotes every selector's choice."""
     names = ["lexical", "sender-attention"]
     if adapter is not None:
         names.append("receiver-attention")
@@ -77,7 +80,7 @@ async def compare(
                          for j in sel.positions]  # fmt: skip
                 value, sentence = answer_recall(item.context, item.answer, spans)
                 per[f"{b:g}"] = {"answer": value, "sentence": sentence, "ms": round(read_ms + sel.ms, 1)}
-            if quote_budget is not None:
+            if quote_budget is not None and (quote_selectors is None or name in quote_selectors):
                 per["quote_correct"] = await _quote(receiver, item, hop, choose_with(ranker, ev, quote_budget), greedy)
             row["selectors"][name] = per
         if native:
@@ -93,6 +96,7 @@ async def compare(
         "items": len(rows),
         "budgets": [f"{b:g}" for b in budgets],
         "quote_budget": quote_budget,
+        "quote_selectors": list(quote_selectors) if quote_selectors is not None else None,
         "summary": summarize(rows, [*names, *unions], budgets),
         "per_item": rows,
     }
@@ -118,7 +122,7 @@ def summarize(rows: list[dict[str, Any]], names: Sequence[str], budgets: Sequenc
             for b in (f"{b:g}" for b in budgets):
                 cell[f"answer@{b}"] = round(sum(r["selectors"][name][b]["answer"] for r in sub) / len(sub), 3)
                 cell[f"sentence@{b}"] = round(sum(r["selectors"][name][b]["sentence"] for r in sub) / len(sub), 3)
-            if "quote_correct" in sub[0]["selectors"][name]:
+            if all("quote_correct" in r["selectors"][name] for r in sub):
                 cell["quote_accuracy"] = round(sum(r["selectors"][name]["quote_correct"] for r in sub) / len(sub), 3)
             if "native_correct" in sub[0]:
                 cell["native_accuracy"] = round(sum(r["native_correct"] for r in sub) / len(sub), 3)
@@ -144,3 +148,48 @@ def markdown(result: dict[str, Any]) -> str:
     if native is not None:
         lines.append(f"\nnative accuracy on these items: {native:.2f}")
     return "\n".join(lines)
+
+
+def across(results: Sequence[dict[str, Any]], budget: str = "0.02") -> str:
+    """One table over several runs (directions or lengths): a row per selector, a column per run,
+    the answer-sentence recall of every answer item at ``budget``, then the median read time."""
+    names = list(dict.fromkeys(n for r in results for n in r["summary"]))
+    head = ["selector", *(f"{_short(r['sender'])} → {_short(r['receiver'])}" for r in results), "read ms (median)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in names:
+        cells, times = [name], []
+        for r in results:
+            cell = r["summary"].get(name, {}).get("all")
+            cells.append(f"{cell[f'sentence@{budget}']:.2f}" if cell else "-")
+            if cell:
+                times.append(cell["read_ms"])
+        cells.append(f"{statistics.median(times):.0f}" if times else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _short(model: str) -> str:
+    return model.split("-")[0]
+
+
+def main(argv: list[str]) -> None:
+    """``python -m bench.selectors FILE...``: each run's table, then the table across runs."""
+    import json
+    import sys
+    from pathlib import Path
+
+    if not argv:
+        sys.exit("usage: python -m bench.selectors RESULT.json ...")
+    results = [json.loads(Path(a).read_text()) for a in argv]
+    for r in results:
+        print(f"\n{r['sender']} -> {r['receiver']}, {r['items']} items\n")
+        print(markdown(r))
+    for b in results[0]["budgets"]:
+        print(f"\nanswer-sentence recall at {b}, all answer items\n")
+        print(across(results, b))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

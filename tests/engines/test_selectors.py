@@ -120,3 +120,27 @@ def test_quote_paths_rewrite_only_the_shared_text() -> None:
     last = quoted_last(hop, chosen)
     assert last["content"].endswith("What is the pass key?") and "48213" in last["content"]
     assert quoted_messages(hop, sections, [])[1]["content"] == QUOTE_SEPARATOR.strip()
+
+
+def test_bench_selectors_reports_recall_time_and_quote_accuracy_per_selector(load_engine: Any) -> None:
+    """``heterofold bench selectors`` on two items: every selector it can run gets a recall per
+    budget that agrees with ``answer_recall``, a read time, and a quote accuracy only where asked."""
+    from bench.selectors import across, compare, markdown
+
+    sender, receiver = load_engine(SMOL), load_engine(GEMMA)
+    items = [i for i in builtin_suite(lengths=(512,), kinds=("passkey",)) if i.id.endswith(("-d10-0", "-d90-0"))]
+    result = run(compare(sender, receiver, items, adapter=None, scout=None, budgets=(0.02, 0.05),
+                         quote_selectors=["lexical"], native=False))  # fmt: skip
+    assert result["items"] == 2 and set(result["summary"]) == {
+        "lexical",
+        "sender-attention",
+        "sender-attention+lexical",
+    }
+    lexical = result["summary"]["lexical"]["all"]
+    assert lexical["n"] == 2 and lexical["sentence@0.05"] == 1.0  # the question repeats the needle's words
+    assert "quote_accuracy" in lexical and "quote_accuracy" not in result["summary"]["sender-attention"]["all"]
+    for row in result["per_item"]:
+        for per in row["selectors"].values():
+            assert per["read_ms"] >= 0 and per["0.05"]["ms"] >= per["read_ms"]
+            assert per["0.02"]["sentence"] <= per["0.05"]["sentence"]  # a larger budget keeps the smaller's choice
+    assert "| lexical |" in markdown(result) and "| sender-attention+lexical |" in across([result, result])
