@@ -19,7 +19,8 @@ ranking and a budget into token positions (whole sentences, best first). Names, 
   question natively and points by the same read-out: works where neither side exposes attention
   (SGLang), at the price of one prefill of the context by the scout;
 - ``A+B``: the union of selectors A and B (their rankings interleaved, one sentence at a time),
-  e.g. ``sender-attention+lexical``.
+  e.g. ``sender-attention+lexical`` (the gateway's default); a part the hop's engines cannot run
+  is left out.
 
 Candidates are the receiver's prompt tokens inside the shared sections that have a sender token and
 a non-empty span, before the end of the transferable prefix; the text the rankers read is the
@@ -190,7 +191,18 @@ class Union:
         return any(p.needs_map for p in self.parts)
 
     async def ranker(self, ev: Evidence) -> Ranker:
-        return union(*[await p.ranker(ev) for p in self.parts])
+        """The parts' rankings interleaved; a part this hop cannot run (an SGLang sender for
+        sender-attention) is left out, so ``sender-attention+lexical`` is lexical there. Raises
+        ``SelectorUnavailable`` only when no part can run."""
+        rankers, missing = [], []
+        for p in self.parts:
+            try:
+                rankers.append(await p.ranker(ev))
+            except SelectorUnavailable as exc:
+                missing.append(str(exc))
+        if not rankers:
+            raise SelectorUnavailable("; ".join(missing))
+        return union(*rankers)
 
 
 LEXICAL = Lexical()

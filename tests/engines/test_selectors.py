@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
 from engines.evaluate import eval_hop
-from engines.selectors import SELECTORS, Evidence, HopText, candidates, make_selector, select
+from engines.selectors import (
+    SELECTORS,
+    Evidence,
+    HopText,
+    SelectorUnavailable,
+    candidates,
+    make_selector,
+    select,
+)
 from gateway.hop import quoted_last, quoted_messages
 from heterofold.align import shared_sections
 from heterofold.corpus import stdlib_text
@@ -88,6 +97,12 @@ def test_every_selector_chooses_through_one_interface(load_engine: Any) -> None:
     # the paraphrased question shares no word with its sentence: BM25 cannot find it, the scout
     # (qwen2.5 reading the text) does (BENCHMARKS.md measures both on many items)
     assert not recalled["lexical"] and recalled["scout"]
+    # a union leaves out the part the hop cannot run (no embedded sender: lexical alone)
+    blind = replace(ev, sender=None)
+    lexical = run(select(make_selector("lexical"), blind, 0.02)).positions
+    assert run(select(make_selector("sender-attention+lexical"), blind, 0.02)).positions == lexical
+    with pytest.raises(SelectorUnavailable):
+        run(select(make_selector("sender-attention+scout"), replace(blind, scout=None), 0.02))
     with pytest.raises(ValueError, match="unknown selector"):
         make_selector("lexical+bogus")
 
