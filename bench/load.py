@@ -27,20 +27,18 @@ import re
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from bench.load_verify import Verify
 from heterofold.corpus import stdlib_text
 
 QUESTIONS = ("What is this about?", "Name one function it mentions.", "Summarize it in one sentence.",
              "What would you check first?", "Anything missing?")  # fmt: skip
 TIER = re.compile(r'^heterofold_tier_(bytes|budget_bytes)\{tier="(\w+)"\} (\S+)$', re.M)
 ROUTE = re.compile(r'^heterofold_transfer_seconds_count\{route="([^"]+)"\} (\S+)$', re.M)
-# (client key, conversation id) -> the text of the conversation's latest stored turn, or None
-Verify = Callable[[str, str], str | None]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from bench.load import Verify
+from bench.load_verify import Verify
 from gateway.app import create_app
 from gateway.services import Services
 from gateway.settings import AuthSettings, GenerationDefaults, RoleSettings, Settings, StoreSettings, TransferPolicy

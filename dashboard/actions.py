@@ -18,8 +18,9 @@ from fastapi import APIRouter, File, Form, Path, Query, Request, UploadFile
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import BaseModel, Field
 
+from dashboard.errors import PageError
 from dashboard.sessions import COOKIE
-from dashboard.web import AdminSessionDep, DashboardDep, PageError, SessionDep, check_csrf, render
+from dashboard.web import AdminSessionDep, DashboardDep, SessionDep, check_csrf, render
 from gateway.deps import ServicesDep
 from gateway.errors import AuthError, GatewayError
 from gateway.lifecycle import ACTIONS, change_status, in_session, register_upload

@@ -7,7 +7,8 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from dashboard import actions, pages
-from dashboard.web import HERE, PageError, error_page
+from dashboard.errors import PageError
+from dashboard.web import HERE, error_page
 
 
 def install(app: FastAPI) -> None:

@@ -21,8 +21,9 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from dashboard import feed
 from dashboard.adapters_view import Drift, active_drift, audit_rows, pair_views
 from dashboard.charts import Series, bar_chart, line_chart
+from dashboard.errors import PageError
 from dashboard.routes_view import PATHS, route_stats, totals, with_drift
-from dashboard.web import DashboardDep, PageError, SessionDep, render
+from dashboard.web import DashboardDep, SessionDep, render
 from gateway.deps import ServicesDep
 from gateway.errors import GatewayError, RegistryError
 from gateway.lifecycle import in_session

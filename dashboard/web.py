@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from dashboard.errors import PageError
 from dashboard.feed import FeedItem, active_alerts, recent_events
 from dashboard.sessions import COOKIE, Session
 from dashboard.state import Dashboard
@@ -21,15 +22,6 @@ from store.errors import StoreError
 HERE = Path(__file__).parent
 TEMPLATES = Jinja2Templates(directory=HERE / "templates")
 RECENT = 500  # events scanned for active alerts
-
-
-class PageError(Exception):
-    """Answered as the dashboard's error page with ``status`` (403 for a missing sign-in or a bad
-    CSRF token, 404, 409, 400 ...)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def get_dashboard(request: Request) -> Dashboard:

@@ -1,5 +1,6 @@
 """The SGLang engine: a running SGLang server (sglang 0.5.23, pinned as ``SGLANG_VERSION``) behind the
-engine interface, with KV moving in and out through HiCache storage (``store.hicache``).
+engine interface, with KV moving in and out through HiCache storage: a page sink
+(``engines.pages.PageSink``) the gateway hands in.
 
     GET  /health          liveness
     GET  /server_info     page size, TP size, HiCache layout and storage backend, served model
@@ -53,12 +54,10 @@ from engines.base import (
 )
 from engines.detok import Detokenizer
 from engines.errors import EngineBusy, EngineError, KVMismatch, PromptTooLong
+from engines.pages import PageSink
 from engines.templates import TokenizerText, default_stops
 from heterofold.kv import KVCache
 from heterofold.spec import ModelSpec
-from store.errors import StoreError
-from store.hicache.layout import PageGeometry, rank_heads
-from store.hicache.pages import PageStore
 
 SGLANG_VERSION = "0.5.23"
 EXPORT_POLL_S = 0.05
@@ -126,7 +125,7 @@ class SGLangEngine(TokenizerText, Engine):
 
     def __init__(
         self, *, client: httpx.AsyncClient, info: ServerInfo, tokenizer: Any, spec: ModelSpec,
-        pages: PageStore | None = None, capacity: int = 8, export_wait_s: float = 2.0, model_dtype: str = "bfloat16",
+        pages: PageSink | None = None, capacity: int = 8, export_wait_s: float = 2.0, model_dtype: str = "bfloat16",
     ) -> None:  # fmt: skip
         self.client = client
         self.info = info
@@ -140,7 +139,7 @@ class SGLangEngine(TokenizerText, Engine):
 
     @classmethod
     async def connect(
-        cls, url: str, *, name: str, model_dir: Path, template: str, pages: PageStore | None = None,
+        cls, url: str, *, name: str, model_dir: Path, template: str, pages: PageSink | None = None,
         fingerprint: str | None = None, capacity: int = 8, export_wait_s: float = 2.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> SGLangEngine:  # fmt: skip
@@ -161,7 +160,7 @@ class SGLangEngine(TokenizerText, Engine):
 
     @classmethod
     async def _connect(
-        cls, client: httpx.AsyncClient, name: str, model_dir: Path, template: str, pages: PageStore | None,
+        cls, client: httpx.AsyncClient, name: str, model_dir: Path, template: str, pages: PageSink | None,
         fingerprint: str | None, capacity: int, export_wait_s: float,
     ) -> SGLangEngine:  # fmt: skip
         info = ServerInfo.from_json(await _get_json(client, "/server_info"))
@@ -172,10 +171,8 @@ class SGLangEngine(TokenizerText, Engine):
             name=name, config=config, template=template, special=special_tokens(tokenizer, template),
             fingerprint=fingerprint or config_fingerprint(config.to_dict(), info.model_path),
         )  # fmt: skip
-        if pages is not None and pages.keys.tp_size != info.tp_size:
-            raise SGLangError(
-                f"the page store is set up for TP {pages.keys.tp_size}, the server runs TP {info.tp_size}"
-            )
+        if pages is not None and pages.tp_size != info.tp_size:
+            raise SGLangError(f"the page sink is set up for TP {pages.tp_size}, the server runs TP {info.tp_size}")
         dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16")
         engine = cls(client=client, info=info, tokenizer=tokenizer, spec=spec, pages=pages, capacity=capacity,
                      export_wait_s=export_wait_s, model_dtype=dtype.removeprefix("torch."))  # fmt: skip
@@ -193,16 +190,6 @@ class SGLangEngine(TokenizerText, Engine):
 
     # ---- KV in and out -------------------------------------------------------------------
 
-    def geometry(self) -> PageGeometry:
-        """Rank 0's page geometry as the backend published it, else as the server info implies."""
-        published = self.pages.geometry(0) if self.pages is not None else None
-        if published is not None:
-            return published
-        a, b = rank_heads(self.spec.num_kv_heads, self.info.tp_size, 0)
-        dtype = self.model_dtype if self.info.kv_cache_dtype == "auto" else self.info.kv_cache_dtype
-        return PageGeometry(self.info.hicache_layout, self.spec.num_layers, b - a, self.spec.head_dim,
-                            self.info.page_size, dtype, 0, self.info.tp_size)  # fmt: skip
-
     async def _import(self, ids: Sequence[int], past: KVCache) -> int:
         """Write ``past`` under this server's page keys; returns the tokens written (whole pages)."""
         n = past.num_tokens
@@ -212,14 +199,16 @@ class SGLangEngine(TokenizerText, Engine):
             raise KVMismatch(f"the KV value's {n} tokens are not a prefix of the {len(ids)} prompt tokens")
         if self.pages is None or not self.info.serves_storage:
             raise KVMismatch(f"{self.spec.name}: SGLang serves no HiCache storage here, so KV cannot be imported")
+        dtype = self.model_dtype if self.info.kv_cache_dtype == "auto" else self.info.kv_cache_dtype
         try:
-            return await asyncio.to_thread(self.pages.put_kv, past, await asyncio.to_thread(self.geometry))
-        except StoreError as exc:  # the hop falls back to native prefill
+            return await asyncio.to_thread(self.pages.put_kv, past, layout=self.info.hicache_layout,
+                                           page_size=self.info.page_size, dtype=dtype)  # fmt: skip
+        except self.pages.errors as exc:  # the hop falls back to native prefill
             raise KVMismatch(f"KV import into HiCache storage failed: {exc}") from exc
 
     async def export(self, tokens: Sequence[int]) -> KVCache | None:
         """The value for the longest prefix of ``tokens`` SGLang has backed up, waiting up to
-        ``export_wait_s`` for its write-through; None without a page store or a page."""
+        ``export_wait_s`` for its write-through; None without a page sink or a page."""
         if self.pages is None:
             return None
         P = self.info.page_size
@@ -230,7 +219,7 @@ class SGLangEngine(TokenizerText, Engine):
             try:
                 kv = await asyncio.to_thread(self.pages.get_kv, list(tokens), P, fingerprint=self.spec.fingerprint,
                                              num_kv_heads=self.spec.num_kv_heads)  # fmt: skip
-            except StoreError:
+            except self.pages.errors:
                 kv = None
             if (kv is not None and kv.num_tokens >= want * P) or time.monotonic() >= deadline:
                 return kv

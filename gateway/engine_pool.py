@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from engines.base import Engine
 from engines.local import LocalEngine
+from engines.pages import PageSink
 from engines.sglang import SGLangEngine
 from engines.zoo import Zoo
 from gateway.errors import UnknownRole
@@ -93,7 +94,7 @@ class EnginePool:
 async def connect_sglang(name: str, s: EngineSettings) -> SGLangEngine:
     """An SGLang engine from its settings; with ``hicache_redis_url``, bound to its page store."""
     assert s.url is not None and s.model_dir is not None  # EngineSettings validates it
-    pages = None
+    pages: PageSink | None = None
     if s.hicache_redis_url:
         info = await SGLangEngine.probe(s.url)
         keys = PageKeys("hf", s.hicache_namespace or name, 0, info.tp_size)

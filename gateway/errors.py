@@ -1,6 +1,6 @@
 """Errors of the gateway, and the one handler that maps every error to the OpenAI error shape.
 
-GatewayError
+GatewayError               each class carries its answer: ``status``, OpenAI ``type`` and ``code``
 ├── AuthError              no or a wrong bearer key (401)
 │   └── Forbidden              a client key on the admin API (403)
 ├── UnknownRole            a role (model) the config does not name (404)
@@ -12,14 +12,20 @@ GatewayError
 ├── EngineFailed           the engine raised while answering (503)
 └── EngineTimeout          the engine sent nothing for ``engines.<name>.timeout_s`` (504)
 
-Errors of the lower layers map too: ``EngineBusy`` to 429 with Retry-After, ``PromptTooLong`` and
-``BadPrompt`` to 400, ``StoreError`` to 503 (only where no native fallback exists), anything else to
-500 without internals in the message.
+Errors of the lower layers answer as ``FOREIGN`` maps them, by the most specific class in the
+exception's MRO: ``EngineBusy`` 429 with Retry-After, ``PromptTooLong`` and ``BadPrompt`` 400,
+``UnknownModel`` 404, ``AdapterError`` 400, ``StoreError`` 503 (only where no native fallback exists),
+any other ``EngineError`` 500; anything else 500 without internals in the message.
+
+Signals inside the gateway, plain Exceptions that never reach the API:
+- ``SenderKVMissing``, ``StorageMiss``: a hop falls back (``gateway/hop.py``), the class is the reason;
+- ``FitCancelled``: a fit job gives up because the gateway is stopping (``gateway/jobs.py``).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -88,6 +94,46 @@ class EngineTimeout(GatewayError):
     status, type, code = 504, "server_error", "engine_timeout"
 
 
+class SenderKVMissing(Exception):
+    """The conversation's latest turn names a KV value the store no longer holds."""
+
+
+class StorageMiss(Exception):
+    """An engine that imports KV through HiCache storage (SGLang) loaded none of it and prefilled."""
+
+
+class FitCancelled(Exception):
+    """The gateway is stopping: a running fit gives up at its next progress step."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How an error of another package answers: ``prefix`` goes before its message."""
+
+    status: int
+    type: str
+    code: str
+    param: str | None = None
+    prefix: str = ""
+    retry_after_s: int | None = None
+
+
+FOREIGN: dict[type[Exception], Answer] = {
+    EngineBusy: Answer(429, "rate_limit_error", "engine_busy", retry_after_s=RETRY_AFTER_S),
+    PromptTooLong: Answer(400, "invalid_request_error", "context_length_exceeded", param="messages"),
+    BadPrompt: Answer(400, "invalid_request_error", "invalid_prompt"),
+    UnknownModel: Answer(404, "invalid_request_error", "model_not_found"),
+    AdapterError: Answer(400, "invalid_request_error", "invalid_adapter"),
+    StoreError: Answer(503, "server_error", "store_unavailable", prefix="store unavailable: "),
+    EngineError: Answer(500, "server_error", "engine_error", prefix="engine error: "),
+}
+
+
+def foreign_answer(exc: Exception) -> Answer | None:
+    """The answer of the most specific class in ``exc``'s MRO that ``FOREIGN`` maps."""
+    return next((FOREIGN[cls] for cls in type(exc).__mro__ if cls in FOREIGN), None)
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -123,23 +169,11 @@ def to_response(exc: Exception) -> JSONResponse:
     """The HTTP answer for any exception, in the OpenAI error shape."""
     if isinstance(exc, GatewayError):
         return _json(exc.status, error_body(str(exc), exc.type, param=exc.param, code=exc.code))
-    if isinstance(exc, EngineBusy):
-        body = error_body(str(exc), "rate_limit_error", code="engine_busy")
-        return _json(429, body, {"Retry-After": str(RETRY_AFTER_S)})
-    if isinstance(exc, PromptTooLong):
-        return _json(
-            400, error_body(str(exc), "invalid_request_error", param="messages", code="context_length_exceeded")
-        )
-    if isinstance(exc, BadPrompt):
-        return _json(400, error_body(str(exc), "invalid_request_error", code="invalid_prompt"))
-    if isinstance(exc, UnknownModel):
-        return _json(404, error_body(str(exc), "invalid_request_error", code="model_not_found"))
-    if isinstance(exc, AdapterError):
-        return _json(400, error_body(str(exc), "invalid_request_error", code="invalid_adapter"))
-    if isinstance(exc, StoreError):
-        return _json(503, error_body(f"store unavailable: {exc}", "server_error", code="store_unavailable"))
-    if isinstance(exc, EngineError):
-        return _json(500, error_body(f"engine error: {exc}", "server_error", code="engine_error"))
+    answer = foreign_answer(exc)
+    if answer is not None:
+        headers = None if answer.retry_after_s is None else {"Retry-After": str(answer.retry_after_s)}
+        body = error_body(f"{answer.prefix}{exc}", answer.type, param=answer.param, code=answer.code)
+        return _json(answer.status, body, headers)
     log.exception("unhandled error", exc_info=exc)
     return _json(500, error_body("internal error", "server_error", code="internal_error"))
 
@@ -163,5 +197,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(RequestValidationError, handle_validation)
     app.add_exception_handler(StarletteHTTPException, handle_http)
-    for exc_type in (GatewayError, EngineError, AdapterError, StoreError, Exception):
+    handled: tuple[type[Exception], ...] = (GatewayError, *FOREIGN, Exception)
+    for exc_type in handled:
         app.add_exception_handler(exc_type, handle)

@@ -39,7 +39,7 @@ from engines.transfer import TransferResult, transfer
 from gateway.adapters import AdapterResolver, VersionRef
 from gateway.background import Background
 from gateway.conversations import Conversations, Turn
-from gateway.errors import RegistryError
+from gateway.errors import RegistryError, SenderKVMissing, StorageMiss
 from gateway.metrics import Metrics
 from gateway.schemas import Path
 from gateway.settings import TransferPolicy
@@ -53,10 +53,6 @@ from store.kv_store import KVStore
 
 log = logging.getLogger(__name__)
 IDENTITY = "identity"
-
-
-class SenderKVMissing(Exception):
-    """The conversation's latest turn names a KV value the store no longer holds."""
 
 
 FALLBACK_ERRORS = (StoreError, HeteroFoldError, EngineError, RegistryError, SenderKVMissing)
@@ -151,10 +147,6 @@ class Fallbacks:
 
         self.background.spawn(emit(), "event:transfer.fallback")
         return reason
-
-
-class StorageMiss(Exception):
-    """An engine that imports KV through HiCache storage (SGLang) loaded none of it and prefilled."""
 
 
 class StorageImports:

@@ -27,7 +27,7 @@ from gateway.adapters import AdapterResolver
 from gateway.artifacts import new_folder
 from gateway.background import Background
 from gateway.engine_pool import EnginePool
-from gateway.errors import InvalidRequest, NotFound
+from gateway.errors import FitCancelled, InvalidRequest, NotFound
 from gateway.metrics import Metrics
 from gateway.registry import adapters as repo
 from gateway.registry.db import Database
@@ -36,10 +36,6 @@ from store.events import EventLog
 
 log = logging.getLogger(__name__)
 EVENT_ERROR_CHARS = 500  # of the error message in a fit.failed event
-
-
-class FitCancelled(Exception):
-    """The gateway is stopping: a running fit gives up at its next progress step."""
 
 
 @dataclass

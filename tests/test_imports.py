@@ -1,6 +1,8 @@
-"""Which package may import which: the method knows no runtime, runtimes and the store know no
-gateway, and nothing in the product imports the benchmarks or the command line. Read from the
-source (every ``import`` and ``from ... import``, at any depth, TYPE_CHECKING blocks included)."""
+"""Which package may import which: the method knows no runtime, runtimes and the store know
+neither each other nor the gateway, and nothing in the product imports the benchmarks or the command
+line; and no module imports itself through others (the import graph of every module is a DAG). Read
+from the source (every ``import`` and ``from ... import``, at any depth, TYPE_CHECKING blocks
+included)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("heterofold", "engines", "store", "gateway", "dashboard", "bench", "cli")
 MAY_NOT_IMPORT = {
     "heterofold": {"engines", "store", "gateway", "dashboard", "bench", "cli"},
-    "engines": {"gateway", "dashboard", "bench", "cli"},
+    "engines": {"store", "gateway", "dashboard", "bench", "cli"},  # the store comes in as a PageSink
     "store": {"engines", "gateway", "dashboard", "bench", "cli"},
     "gateway": {"dashboard", "bench", "cli"},
     "dashboard": {"bench", "cli"},
@@ -21,14 +23,65 @@ MAY_NOT_IMPORT = {
 ROOTS = {"gateway/app.py": {"dashboard"}}  # the app is where the dashboard is mounted
 
 
-def imported_packages(path: Path) -> set[str]:
-    tops = set()
+def imported_names(path: Path) -> set[str]:
+    """Every dotted name ``path`` imports; ``from a import b`` names both ``a`` and ``a.b``."""
+    names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            tops.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            tops.add(node.module.split(".")[0])
-    return tops & set(PACKAGES)
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def imported_packages(path: Path) -> set[str]:
+    return {name.split(".")[0] for name in imported_names(path)} & set(PACKAGES)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the product modules it imports (a package's ``__init__`` is the package)."""
+    files = {}
+    for package in PACKAGES:
+        for f in (ROOT / package).rglob("*.py"):
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    graph = {}
+    for module, f in files.items():
+        deps = set()
+        for name in imported_names(f):
+            while name and name not in files:  # a name inside a module: the module
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                deps.add(name)
+        graph[module] = deps
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the modules along it (the first repeated at the end), or None."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return None
+        path.append(module)
+        for dep in sorted(graph[module]):
+            cycle = visit(dep)
+            if cycle:
+                return cycle
+        path.pop()
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        cycle = visit(module)
+        if cycle:
+            return cycle
+    return None
 
 
 @pytest.mark.parametrize("package", sorted(MAY_NOT_IMPORT))
@@ -42,3 +95,10 @@ def test_package_imports_follow_the_layering(package: str) -> None:
         if bad:
             broken[name] = sorted(bad)
     assert not broken, f"{package} imports what it may not: {broken}"
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    graph = module_graph()
+    assert "bench.load_server" in graph["bench.load"]  # a function-level import counts too
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle: {' -> '.join(cycle or ())}"

@@ -18,9 +18,9 @@ import torch
 
 from heterofold.kv import KVCache
 from store.connection import redis_errors
-from store.errors import BadRequest
+from store.errors import BadRequest, StoreError
 from store.hicache.keys import PageKeys, page_keys
-from store.hicache.layout import PageGeometry, kv_to_pages, pages_to_kv
+from store.hicache.layout import PageGeometry, kv_to_pages, pages_to_kv, rank_heads
 
 _MAGIC = b"HFPG"
 _VERSION = 1
@@ -57,12 +57,19 @@ def decode_page(data: bytes) -> torch.Tensor | None:
 
 class PageStore:
     """Pages of one namespace (served model) and TP size; ``keys.tp_rank`` is the rank this
-    instance reads and writes by default (an SGLang backend is one rank; the gateway all)."""
+    instance reads and writes by default (an SGLang backend is one rank; the gateway all).
+    The gateway's half is the SGLang engine's page sink (``engines.pages.PageSink``)."""
+
+    errors: tuple[type[Exception], ...] = (StoreError,)
 
     def __init__(self, client: redis.Redis, keys: PageKeys, ttl_s: int = DEFAULT_TTL_S) -> None:
         self.client = client
         self.keys = keys
         self.ttl_s = ttl_s
+
+    @property
+    def tp_size(self) -> int:
+        return self.keys.tp_size
 
     # ---- one rank: what SGLang's backend calls --------------------------------------------
 
@@ -131,9 +138,20 @@ class PageStore:
 
     # ---- every rank: what the gateway calls --------------------------------------------------
 
-    def put_kv(self, kv: KVCache, geometry: PageGeometry, prior_hash: str | None = None) -> int:
+    def implied_geometry(self, kv: KVCache, *, layout: str, page_size: int, dtype: str) -> PageGeometry:
+        """Rank 0's geometry for ``kv``'s model on a server with this host ``layout``, ``page_size``
+        and KV ``dtype``, split over this store's TP size: what a backend publishes once it runs."""
+        if not kv.keys:
+            raise BadRequest("a value with no layers has no pages")
+        H, _, D = kv.keys[0].shape  # (H_kv, T, D)
+        a, b = rank_heads(H, self.keys.tp_size, 0)
+        return PageGeometry(layout, kv.num_layers, b - a, D, page_size, dtype, 0, self.keys.tp_size)
+
+    def put_kv(self, kv: KVCache, *, layout: str, page_size: int, dtype: str, prior_hash: str | None = None) -> int:
         """Write every full page of ``kv`` for every rank, under the pages' SGLang keys; returns the
-        tokens written. ``geometry`` is rank 0's (page size, dtype, heads per rank)."""
+        tokens written. The geometry (page size, dtype, heads per rank) is rank 0's as its backend
+        published it, else ``implied_geometry``."""
+        geometry = self.geometry(0) or self.implied_geometry(kv, layout=layout, page_size=page_size, dtype=dtype)
         P, tp = geometry.page_size, self.keys.tp_size
         pages = kv_to_pages(kv, P, tp, geometry.torch_dtype)
         if not pages:

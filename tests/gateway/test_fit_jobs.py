@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from cli.gateway import fit_summary
 from engines.local import LocalEngine
 from gateway import jobs as jobs_module
-from gateway.jobs import FitCancelled, Job
+from gateway.errors import FitCancelled
+from gateway.jobs import Job
 from gateway.registry.tables import FitJobRow
 from gateway.settings import BootstrapSettings
 from heterofold.adapter import Adapter

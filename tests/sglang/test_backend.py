@@ -13,9 +13,10 @@ import pytest
 import redis
 import torch
 
+from heterofold.kv import KVCache
 from store.hicache.interface import HiCacheStorageMirror
 from store.hicache.keys import PageKeys, page_keys
-from store.hicache.layout import LAYOUTS
+from store.hicache.layout import LAYOUTS, PageGeometry
 from store.hicache.pages import PageStore
 from tests.sglang.host_pool import HostPoolStandIn
 
@@ -127,6 +128,21 @@ def test_namespace_comes_from_extra_config_else_model_name(
     default = create(real_sglang, config(real_sglang, redis_url), pool)
     assert named.pages.keys.namespace == "qwen" and default.pages.keys.namespace == "org--model"
     assert PageStore(redis_client, PageKeys("hf", "qwen", 0, 1)).geometry(0) == named.geometry
+
+
+def test_page_store_writes_a_value_before_any_backend_publishes_its_geometry(redis_client: redis.Redis) -> None:
+    T = 2 * P + 1  # two full pages and one token over
+    K, V = torch.randn(2, L, H, T, D).unbind(0)  # each (L, H, T, D)
+    kv = KVCache(fingerprint="fp", token_ids=torch.arange(T), positions=torch.arange(T), keys=tuple(K.unbind(0)),
+                 values=tuple(V.unbind(0)), windows=(0,) * L)  # fmt: skip
+    store = PageStore(redis_client, PageKeys("hf", "fresh", 0, 2))
+    assert store.geometry(0) is None
+    implied = store.implied_geometry(kv, layout="page_first", page_size=P, dtype="float32")
+    assert implied == PageGeometry("page_first", L, H // 2, D, P, "float32", 0, 2)
+    assert store.put_kv(kv, layout="page_first", page_size=P, dtype="float32") == 2 * P
+    back = store.get_kv(kv.token_ids.tolist(), P, fingerprint="fp", num_kv_heads=H)
+    assert back is not None and back.num_tokens == 2 * P
+    assert torch.equal(back.keys[1], kv.keys[1][:, : 2 * P]) and torch.equal(back.values[0], kv.values[0][:, : 2 * P])
 
 
 def test_corrupt_pages_read_as_missing_and_are_dropped(

@@ -100,7 +100,9 @@ def test_connect_reads_server_info_and_the_tokenizer(served: tuple[StandIn, str]
         assert engine.info.serves_storage and engine.spec.num_layers == 30 and engine.spec.num_kv_heads == 3
         text = local.render([{"role": "user", "content": "Héllo, wörld"}])
         assert engine.encode(text) == local.encode(text)
-        assert engine.geometry().heads == 3 // standin.tp_size
+        assert isinstance(engine.pages, PageStore) and engine.pages.tp_size == standin.tp_size
+        published = engine.pages.geometry(0)
+        assert published is not None and published.heads == 3 // standin.tp_size
 
     with_engine(url, model_dir, standin, redis_url, body)
 
