@@ -93,7 +93,9 @@ class LocalEngine(TokenizerText, Engine):
         return await self._worker.submit(fn)
 
     async def recompute(self, dense: KVCache, positions: Sequence[int]) -> KVCache:
-        return await self._worker.submit(lambda: recompute_sync(self, dense, positions))
+        return await self._worker.submit(
+            lambda: recompute_sync(self.model, self.spec, dense, positions, device=self.device, dtype=self.dtype)
+        )
 
     async def score(self, ids: Sequence[int], *, past: KVCache | None = None) -> torch.Tensor:
         return await self._worker.submit(lambda: self._score_sync(list(ids), past))

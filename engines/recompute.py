@@ -1,4 +1,4 @@
-"""Selective native recompute (in the spirit of CacheBlend) for the embedded engine.
+"""Selective native recompute (in the spirit of CacheBlend) on a transformers model.
 
 Given a dense KV value for T context tokens (mapped from another model) and a set S of positions,
 one forward pass runs the tokens at S at their true positions. Query i (position S_i) sees:
@@ -12,6 +12,9 @@ needs far fewer: the recomputed tokens are cut into blocks of consecutive ones s
 a window, and each block attends only over the keys its mask allows (at most about two windows plus
 its own tokens) through the same SDPA kernel, instead of over all T + n keys with most masked out.
 Masked keys add exactly zero either way, so the result is the same.
+
+``recompute_sync`` takes the model, its spec, device and dtype, not an engine; the embedded engine
+(``engines.local``) runs it on its worker thread.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers import AttentionInterface
@@ -28,10 +31,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from engines.errors import KVMismatch
 from heterofold.kv import KVCache
-
-if TYPE_CHECKING:
-    from engines.local import LocalEngine
-
+from heterofold.spec import ModelSpec
 
 BLOCKED = "heterofold_blocked_sdpa"
 Blocks = list[tuple[slice, torch.Tensor]]  # (query rows, key columns they may see)
@@ -83,8 +83,8 @@ def sliding_blocks(ok: torch.Tensor, chosen: torch.Tensor, window: int) -> Block
 
 @contextmanager
 def _blocked(model: Any, blocks: Blocks) -> Iterator[None]:
-    """Route the model's attention through ``_blocked_sdpa`` with ``blocks`` for this pass. The
-    engine's single worker thread runs one pass at a time, so switching the config is safe."""
+    """Route the model's attention through ``_blocked_sdpa`` with ``blocks`` for this pass. Its
+    caller runs one pass on ``model`` at a time (``recompute_sync``), so switching the config is safe."""
     config = model.config
     before = config._attn_implementation
     if not blocks or before != "sdpa":  # no sliding layer, or another kernel: the masks alone do it
@@ -121,8 +121,19 @@ def additive_mask(ok: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def recompute_sync(engine: LocalEngine, dense: KVCache, positions: Sequence[int]) -> KVCache:
-    spec = engine.spec
+def recompute_sync(
+    model: Any,
+    spec: ModelSpec,
+    dense: KVCache,
+    positions: Sequence[int],
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> KVCache:
+    """``dense`` with the tokens at ``positions`` recomputed natively by ``model`` (module docstring),
+    windowed as ``spec``. Runs one forward pass in ``dtype`` on ``device``; no other pass may run on
+    ``model`` meanwhile (its attention implementation is switched for the pass). Raises KVMismatch
+    for a value of another model, not dense, or positions outside it."""
     if dense.fingerprint != spec.fingerprint or not dense.is_dense or dense.num_layers != spec.num_layers:
         raise KVMismatch("recompute needs a dense KV value in this model's fingerprint and layer count")
     T = dense.num_tokens
@@ -131,8 +142,7 @@ def recompute_sync(engine: LocalEngine, dense: KVCache, positions: Sequence[int]
         raise KVMismatch(f"recompute positions must lie within 0..{T - 1}")
     if chosen.numel() == 0:
         return dense.windowed(spec.windows)
-    device, dtype = engine.device, engine.dtype
-    cache: Any = DynamicCache(config=engine.model.config)
+    cache: Any = DynamicCache(config=model.config)
     cache.layers = [DynamicLayer() for _ in range(spec.num_layers)]  # no window trimming in this pass
     for layer, k, v in zip(cache.layers, dense.keys, dense.values, strict=True):
         k1, v1 = k.to(device, dtype)[None], v.to(device, dtype)[None]  # (H, T, D) -> (1, H, T, D)
@@ -149,9 +159,9 @@ def recompute_sync(engine: LocalEngine, dense: KVCache, positions: Sequence[int]
     else:
         mask = full
     ids = dense.token_ids[chosen].to(device)[None]  # (1, n)
-    with _blocked(engine.model, blocks):
-        engine.model(input_ids=ids, position_ids=chosen.to(device)[None], attention_mask=mask, cache=cache,
-                     use_cache=True, logits_to_keep=1)  # fmt: skip
+    with _blocked(model, blocks):
+        model(input_ids=ids, position_ids=chosen.to(device)[None], attention_mask=mask, cache=cache,
+              use_cache=True, logits_to_keep=1)  # fmt: skip
     # The pass appended the n recomputed rows after the T given ones in a buffer of its own: move
     # them to their positions inside that buffer and keep its first T rows (no copy of the cache).
     keys, values = [], []

@@ -14,7 +14,6 @@ the same, two matmuls per layer. Artifact: ``adapter.safetensors`` plus ``manife
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 from collections.abc import Sequence
@@ -26,8 +25,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from heterofold.errors import AdapterError, FingerprintMismatch
+from heterofold.features import SenderFeatures
 from heterofold.kv import KVCache
-from heterofold.rope import rope_tables, rotate, strip_rope
+from heterofold.rope import rope_tables, rotate
 from heterofold.spec import ModelSpec
 
 FORMAT = "heterofold-adapter/1"
@@ -141,10 +141,9 @@ class Adapter:
         compute = dtype or (torch.float32 if m.method == "identity" else map_dtype(sender.keys[0].device))
         out_dtype = sender.keys[0].dtype
         (T_r,) = receiver_ids.shape
-        aligned = (src >= 0).nonzero().squeeze(1)  # (N,) receiver positions, receiver token j at position j
-        s_idx = src[aligned]  # (N,) sender token indices
         H, D = m.receiver.num_kv_heads, m.receiver.head_dim
-        bank = _FeatureBank(sender, s_idx, sender.positions[s_idx], m.sender.rope_thetas, self._used_layers(), compute)
+        bank = self.features(sender, src, compute)
+        aligned = bank.at  # (N,) receiver positions, receiver token j at position j
         weights = self._weights(compute)
         # Per distinct rows mask: which of the N aligned rows to compute, their receiver positions,
         # and RoPE tables per theta (the sliding layers share one mask and one theta).
@@ -178,8 +177,11 @@ class Adapter:
             windows=(0,) * m.receiver.num_layers,
         )
 
-    def _used_layers(self) -> tuple[int, ...]:
-        return tuple(sorted({s for layers in self.manifest.sender_layers for s in layers}))
+    def features(self, sender: KVCache, src: torch.Tensor, dtype: torch.dtype | None = None) -> SenderFeatures:
+        """The sender features ``apply`` maps: every sender layer this adapter reads, at the aligned
+        receiver tokens of ``src``, in ``dtype`` (default: the cache's). Fitting reads the same."""
+        layers = sorted({s for group in self.manifest.sender_layers for s in group})
+        return SenderFeatures(sender, src, self.manifest.sender.rope_thetas, layers, dtype)
 
     def _weights(self, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
         """The maps in the matmul dtype, converted once per dtype and kept."""
@@ -227,30 +229,6 @@ class Adapter:
         return adapter
 
 
-class SenderFeatures:
-    """Content-space sender features at the tokens ``idx`` (positions ``pos``), per sender layer,
-    computed once and shared by the receiver layers that read the same sender layer."""
-
-    def __init__(self, sender: KVCache, idx: torch.Tensor, pos: torch.Tensor, thetas: tuple[float, ...]) -> None:
-        self.sender, self.idx, self.pos, self.thetas = sender, idx, pos, thetas
-        self._k: dict[int, torch.Tensor] = {}
-        self._v: dict[int, torch.Tensor] = {}
-
-    def layer(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if s not in self._k:
-            kv = self.sender
-            if kv.stored_length(s) != kv.num_tokens:
-                raise AdapterError(f"sender layer {s} does not hold every token (sliding window)")
-            k = strip_rope(kv.keys[s][:, self.idx], self.pos, self.thetas[s])  # (H_s, N, D_s)
-            self._k[s] = k.transpose(0, 1).reshape(len(self.idx), -1)  # (N, H_s * D_s)
-            self._v[s] = kv.values[s][:, self.idx].transpose(0, 1).reshape(len(self.idx), -1)
-        return self._k[s], self._v[s]
-
-    def get(self, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = [self.layer(s) for s in layers]
-        return torch.cat([k for k, _ in pairs], dim=1), torch.cat([v for _, v in pairs], dim=1)
-
-
 def map_dtype(device: torch.device) -> torch.dtype:
     """The matmul dtype of a map on ``device``: bfloat16 on CUDA and on CPUs with native bfloat16
     dot products (AVX512-BF16 or AMX), float32 elsewhere. A map's own error (held-out R² 0.5-0.7)
@@ -265,51 +243,3 @@ def map_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cpu" and torch.cpu._is_avx512_bf16_supported():
         return torch.bfloat16
     return torch.float32
-
-
-class _FeatureBank:
-    """All sender layers an adapter reads, as one ``(N, L * H_s * D_s)`` feature matrix per K and
-    V (keys with RoPE stripped), in the matmul dtype. A receiver layer's features are the columns of
-    its sender layers: a view when they are consecutive, which ``align_layers`` windows are."""
-
-    def __init__(
-        self,
-        sender: KVCache,
-        idx: torch.Tensor,
-        pos: torch.Tensor,
-        thetas: tuple[float, ...],
-        layers: tuple[int, ...],
-        dtype: torch.dtype,
-    ) -> None:
-        for s in layers:
-            if sender.stored_length(s) != sender.num_tokens:
-                raise AdapterError(f"sender layer {s} does not hold every token (sliding window)")
-        N, (H, _, D) = len(idx), sender.keys[layers[0]].shape
-        k = torch.empty(N, len(layers), H, D, dtype=dtype)  # filled layer by layer: one copy each
-        v = torch.empty(N, len(layers), H, D, dtype=dtype)
-        tables: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
-        for i, s in enumerate(layers):
-            if thetas[s] not in tables:
-                cos, sin = rope_tables(pos, D, thetas[s], sender.keys[s].dtype)
-                tables[thetas[s]] = cos, -sin  # strip: rotate back by the same angle
-            k[:, i] = rotate(sender.keys[s].index_select(1, idx), *tables[thetas[s]]).transpose(0, 1)
-            v[:, i] = sender.values[s].index_select(1, idx).transpose(0, 1)
-        width = H * D
-        self.k, self.v = k.reshape(N, -1), v.reshape(N, -1)  # (N, L * H * D), views
-        self.column = {s: i * width for i, s in enumerate(layers)}
-        self.width = width
-        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def get(self, layers: tuple[int, ...], sel: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features of ``layers`` at rows ``sel`` (all rows if None), gathered once per ``sel``."""
-        k, v = self.k, self.v
-        if sel is not None:
-            if id(sel) not in self._rows:
-                self._rows[id(sel)] = (k[sel], v[sel])
-            k, v = self._rows[id(sel)]
-        starts = [self.column[s] for s in layers]
-        if all(b - a == self.width for a, b in itertools.pairwise(starts)):
-            span = slice(starts[0], starts[0] + len(layers) * self.width)
-            return k[:, span], v[:, span]
-        cols = torch.cat([torch.arange(c, c + self.width) for c in starts])
-        return k[:, cols], v[:, cols]

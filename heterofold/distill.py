@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from heterofold.adapter import Adapter, LayerMap, Manifest, SenderFeatures
+from heterofold.adapter import Adapter, LayerMap, Manifest
 from heterofold.kv import KVCache
 from heterofold.rope import apply_rope
 
@@ -50,12 +50,9 @@ def doc_features(
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor]:
     """Per receiver layer ``(N, F_l)`` sender key and value features of the aligned receiver tokens
     (``src >= 0``), with the same features as ``Adapter.apply`` reads, and their positions ``(N,)``."""
-    m = adapter.manifest
-    at = (src >= 0).nonzero().squeeze(1)  # (N,) receiver positions
-    s_idx = src[at]
-    feats = SenderFeatures(sender_kv, s_idx, sender_kv.positions[s_idx], m.sender.rope_thetas)
-    pairs = [feats.get(layers) for layers in m.sender_layers]
-    return tuple(k.float() for k, _ in pairs), tuple(v.float() for _, v in pairs), at
+    feats = adapter.features(sender_kv, src, torch.float32)
+    pairs = [feats.get(layers) for layers in adapter.manifest.sender_layers]
+    return tuple(k for k, _ in pairs), tuple(v for _, v in pairs), feats.at
 
 
 class LowRankResidual(torch.nn.Module):

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from heterofold.adapter import Adapter, LayerMap, Manifest, SenderFeatures, Side
+from heterofold.adapter import Adapter, LayerMap, Manifest, Side
 from heterofold.align import align_layers
 from heterofold.calibrate import CalibDoc, calibrate_keys, calibrate_values
 from heterofold.errors import AdapterError
+from heterofold.features import SenderFeatures
 from heterofold.kv import KVCache
 from heterofold.rope import strip_rope
 
@@ -55,6 +56,10 @@ class FitData:
     def tokens(self) -> int:
         return int(self.held_out.numel())
 
+    def features(self, layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V features ``(N, len(layers) * H_s * D_s)`` of the sender ``layers``, in that order."""
+        return torch.cat([self.sender_k[s] for s in layers], 1), torch.cat([self.sender_v[s] for s in layers], 1)
+
 
 def is_held_out(d: int, n: int) -> bool:
     """Document ``d`` of ``n`` is held out: one in five (the fifth, tenth, ...), or the last one when
@@ -73,12 +78,12 @@ def stack_pairs(pairs: Sequence[FitPair], sender: Side, receiver: Side, eligible
     for d, p in enumerate(pairs):
         if not p.receiver.is_dense:
             raise AdapterError("fitting needs dense receiver KV values")
-        r_idx = (p.src >= 0).nonzero().squeeze(1)  # (N_d,)
-        s_idx = p.src[r_idx]
+        feats = SenderFeatures(p.sender, p.src, sender.rope_thetas, eligible)
+        r_idx = feats.at  # (N_d,)
         for s in eligible:
-            k = strip_rope(p.sender.keys[s][:, s_idx], p.sender.positions[s_idx], sender.rope_thetas[s])
-            sk[s].append(k.transpose(0, 1).reshape(len(s_idx), -1))  # (H, N, D) -> (N, H*D)
-            sv[s].append(p.sender.values[s][:, s_idx].transpose(0, 1).reshape(len(s_idx), -1))
+            k, v = feats.get((s,))  # (N_d, H_s * D_s) each
+            sk[s].append(k)
+            sv[s].append(v)
         for layer in range(receiver.num_layers):
             k = strip_rope(p.receiver.keys[layer][:, r_idx], r_idx, receiver.rope_thetas[layer])
             rk[layer].append(k.transpose(0, 1).reshape(len(r_idx), -1))
@@ -136,10 +141,6 @@ def r2(pred: torch.Tensor, y: torch.Tensor) -> float:
 # ---- whole adapters --------------------------------------------------------------------------
 
 
-def _features(data: FitData, layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.cat([data.sender_k[s] for s in layers], 1), torch.cat([data.sender_v[s] for s in layers], 1)
-
-
 def _fit_ridge(x: torch.Tensor, y: torch.Tensor, held: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Ridge with the strength chosen on held-out rows, refitted on all rows; returns held-out R²."""
     if not held.any():
@@ -180,17 +181,17 @@ def fit_adapter(
         if method == "kv-ridge":
             ranked = sorted(eligible, key=lambda s: -_single_r2(data, s, yk, yv, held))
             layers = tuple(sorted(ranked[:width]))
-            xk, xv = _features(data, layers)
+            xk, xv = data.features(layers)
             wk, bk, sk = _fit_ridge(xk, yk, held)
             wv, bv, sv = _fit_ridge(xv, yv, held)
         elif init == "ridge":
             layers = tuple(by_depth[layer])
-            xk, xv = _features(data, layers)
+            xk, xv = data.features(layers)
             wk, bk, sk = _fit_ridge(xk, yk, held)
             wv, bv, sv = _fit_ridge(xv, yv, held)
         else:
             layers = tuple(by_depth[layer])
-            xk, xv = _features(data, layers)
+            xk, xv = data.features(layers)
             train = ~held if held.any() else torch.ones_like(held)
             wk, bk = recolour(xk[train], yk[train])
             wv, bv = recolour(xv[train], yv[train])
@@ -273,7 +274,6 @@ def calibrate_adapter(
 
 
 def _calib_doc(pair: FitPair, layer: int, src_layers: tuple[int, ...], sender: Side) -> CalibDoc:
-    idx = (pair.src >= 0).nonzero().squeeze(1)  # (N,) receiver positions
-    s_idx = pair.src[idx]
-    x_k, x_v = SenderFeatures(pair.sender, s_idx, pair.sender.positions[s_idx], sender.rope_thetas).get(src_layers)
-    return CalibDoc(x_k, x_v, idx, pair.queries[layer], pair.receiver.keys[layer], pair.receiver.values[layer])
+    feats = SenderFeatures(pair.sender, pair.src, sender.rope_thetas, src_layers)
+    x_k, x_v = feats.get(src_layers)
+    return CalibDoc(x_k, x_v, feats.at, pair.queries[layer], pair.receiver.keys[layer], pair.receiver.values[layer])
