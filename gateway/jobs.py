@@ -134,8 +134,8 @@ class FitJobs:
                     job.error = _describe(exc)
                     log.exception("fit job %s: attempt %d of %d failed", job.id, attempt, 1 + self.retries)
                     if attempt > self.retries or self._stopping.is_set():
+                        await self._alert(job)  # before the status: whoever sees "failed" finds the alert
                         job.status = "failed"
-                        await self._alert(job)
                         break
                     delay = self.backoff_s * 2 ** (attempt - 1)
                     job.stage = f"attempt {attempt} failed; retrying in {delay:g} s"
