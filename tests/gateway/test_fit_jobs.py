@@ -80,13 +80,21 @@ def stored_attempts(gateway: Gateway, job_id: str) -> int:
         return row.attempts
 
 
+def gateway_fitting(
+    start_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch, failures: int, error: Exception
+) -> tuple[Gateway, list[int]]:
+    """A gateway (with ``RETRY``) whose fits raise ``error`` ``failures`` times, then succeed; the
+    attempts seen so far."""
+    fit, calls = fit_failing(failures, error)
+    monkeypatch.setattr(jobs_module, "fit_direction", fit)
+    return start_gateway(bootstrap=RETRY), calls
+
+
 @pytest.mark.models
 def test_fit_that_fails_twice_then_succeeds_ends_done_after_three_attempts(
     start_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fit, calls = fit_failing(2, ValueError("flaky"))
-    monkeypatch.setattr(jobs_module, "fit_direction", fit)
-    gateway = start_gateway(bootstrap=RETRY)
+    gateway, calls = gateway_fitting(start_gateway, monkeypatch, 2, ValueError("flaky"))
     job = run_fit(gateway)
     assert job["status"] == "done", job
     assert job["attempts"] == 3 and calls == [1, 2, 3] and job["error"] is None and job["adapter_id"]
@@ -101,9 +109,7 @@ def test_fit_that_fails_twice_then_succeeds_ends_done_after_three_attempts(
 def test_fit_that_always_fails_alerts_once_after_its_last_attempt(
     start_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fit, calls = fit_failing(99, ValueError("no luck"))
-    monkeypatch.setattr(jobs_module, "fit_direction", fit)
-    gateway = start_gateway(bootstrap=RETRY)
+    gateway, calls = gateway_fitting(start_gateway, monkeypatch, 99, ValueError("no luck"))
     assert fit_failures(gateway) == 0.0
     job = run_fit(gateway)
     assert job["status"] == "failed", job
@@ -124,9 +130,7 @@ def test_fit_that_always_fails_alerts_once_after_its_last_attempt(
 def test_cancelled_fit_is_not_retried_and_does_not_alert(
     start_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fit, calls = fit_failing(99, FitCancelled("the gateway is stopping"))
-    monkeypatch.setattr(jobs_module, "fit_direction", fit)
-    gateway = start_gateway(bootstrap=RETRY)
+    gateway, calls = gateway_fitting(start_gateway, monkeypatch, 99, FitCancelled("the gateway is stopping"))
     job = run_fit(gateway)
     assert job["status"] == "failed" and job["attempts"] == 1 and len(calls) == 1
     assert job["error"] == "FitCancelled: the gateway is stopping"
