@@ -83,5 +83,10 @@ class Metrics:
     def watch_tiers(self, usage: Callable[[], Sequence[tuple[str, int, int]]]) -> None:
         self.registry.register(_TierCollector(usage))
 
+    def watch_background(self, pending: Callable[[], int]) -> None:
+        """After-turn work (storing turns' KV, shadow runs) not yet finished on this replica."""
+        gauge = Gauge("heterofold_background_pending", "After-turn tasks not yet finished", registry=self.registry)
+        gauge.set_function(lambda: float(pending()))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -80,6 +80,7 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
         await pool.warm()
     metrics.watch_tiers(lambda: [(u.tier, u.used, u.budget) for u in store.usage()])
     background = Background()
+    metrics.watch_background(lambda: background.pending)
     resolver = AdapterResolver(db)
     conversations = Conversations(store.client, prefix=settings.store_config().key_prefix,
                                   ttl_s=settings.store.conversation_ttl_s)  # fmt: skip
@@ -140,7 +141,7 @@ async def connect_registry(settings: Settings, db: Database, pool: EnginePool) -
         except (SQLAlchemyError, OSError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise RegistryError(f"registry: migrations failed: {type(exc).__name__}: {first}") from exc
-    await asyncio.to_thread(_register_models, db, pool)
+    await asyncio.to_thread(_register_models, db, pool, settings.registry_url)
 
 
 async def keep_connecting(settings: Settings, db: Database, pool: EnginePool, ready: Callable[[], None]) -> None:
@@ -167,11 +168,15 @@ def hop_directions(settings: Settings) -> list[tuple[str, str]]:
     return forward + [(b, a) for a, b in forward]
 
 
-def _register_models(db: Database, pool: EnginePool) -> None:
-    with db.session() as session:
-        for p in pool:
-            spec = p.engine.spec
-            repo.upsert_model(session=session, name=spec.name, family=spec.family, fingerprint=spec.fingerprint)
+def _register_models(db: Database, pool: EnginePool, url: str) -> None:
+    """Upsert the engines' models, one replica at a time (replicas starting at once take turns)."""
+    try:
+        with registry_db.start_lock(url), db.session() as session:
+            for p in pool:
+                spec = p.engine.spec
+                repo.upsert_model(session=session, name=spec.name, family=spec.family, fingerprint=spec.fingerprint)
+    except (SQLAlchemyError, OSError) as exc:
+        raise RegistryError(f"registry: models not registered: {type(exc).__name__}: {exc}") from exc
 
 
 async def tail_events(store: KVStore, metrics: Metrics, block_ms: int = 250) -> None:

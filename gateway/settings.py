@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from engines.selectors import make_selector
 from store.config import GiB, StoreConfig
+from store.lease import data_dir_node
 
 CONFIG_ENV = "HETEROFOLD_CONFIG"
 
@@ -115,7 +116,8 @@ class LimitsSettings(_Section):
 
 class StoreSettings(_Section):
     redis_url: str | None = None  # None: the embedded redis-server under data_dir
-    node: str = "local"
+    node: str | None = None  # None: the data directory's own (``store/lease.py: data_dir_node``)
+    node_lease_s: float = Field(default=15.0, gt=0.0)  # a killed replica's node is free again after this
     page_size: int = Field(default=16, ge=1)
     cpu_budget_bytes: int = Field(default=2 * GiB, ge=0)
     ssd_budget_bytes: int = Field(default=16 * GiB, ge=0)
@@ -196,6 +198,7 @@ class Settings(BaseSettings):
 
     data_dir: Path = Path.home() / ".local" / "share" / "heterofold"
     cache_dir: Path | None = None  # the zoo cache (default ~/.cache/heterofold)
+    artifacts_dir: Path | None = None  # adapter artifacts (default <data_dir>/adapters); shared storage for N replicas
     database_url: str | None = None  # None: sqlite:///<data_dir>/registry.db
     migrate_on_start: bool = True  # run Alembic to head at start (compose runs it as a step instead)
     registry_retry_s: float = Field(default=5.0, gt=0.0)  # the registry unreachable at start: retried this often
@@ -221,7 +224,7 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return env_settings, init_settings  # the file's values come in as init values: env wins
 
-    @field_validator("data_dir", "cache_dir")
+    @field_validator("data_dir", "cache_dir", "artifacts_dir")
     @classmethod
     def _expand(cls, path: Path | None) -> Path | None:
         return None if path is None else path.expanduser()
@@ -241,14 +244,17 @@ class Settings(BaseSettings):
 
     @property
     def adapters_dir(self) -> Path:
-        return self.data_dir / "adapters"
+        """Where fitted and uploaded artifacts are written; the registry stores their paths, so
+        every replica that serves a version must be able to read this folder."""
+        return self.artifacts_dir or self.data_dir / "adapters"
 
     def store_config(self) -> StoreConfig:
         s = self.store
         return StoreConfig(
             data_dir=self.data_dir / "store",
             redis_url=s.redis_url,
-            node=s.node,
+            node=s.node or data_dir_node(self.data_dir / "store"),
+            node_lease_s=s.node_lease_s,
             page_size=s.page_size,
             cpu_budget=s.cpu_budget_bytes,
             ssd_budget=s.ssd_budget_bytes,

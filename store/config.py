@@ -24,6 +24,7 @@ class StoreConfig:
     events_maxlen: int = 10_000  # approximate length the events stream is trimmed to
     connect_timeout_s: float = 0.25
     socket_timeout_s: float = 0.5
+    node_lease_s: float = 15.0  # the node's lease in Redis lapses this long after its holder died
     ssd_fsync: bool = False  # rename already hides partial files from a crash; fsync guards power loss
 
     def __post_init__(self) -> None:
@@ -37,5 +38,7 @@ class StoreConfig:
             raise ValueError(f"high_water must be within (0, 1], got {self.high_water}")
         if self.ttl_s < 1 or self.events_maxlen < 1:
             raise ValueError("ttl_s and events_maxlen must be positive")
+        if self.node_lease_s <= 0:
+            raise ValueError(f"node_lease_s must be positive, got {self.node_lease_s}")
         if self.connect_timeout_s <= 0 or self.socket_timeout_s <= 0:
             raise ValueError("Redis timeouts must be positive")

@@ -5,6 +5,7 @@ StoreError
 ├── StoreUnavailable       Redis cannot be reached or timed out (fail fast, short socket timeouts)
 │   └── EmbeddedRedisError     the embedded redis-server did not start
 ├── IndexFailure           Redis answered with an error (its own OOM, a key of the wrong type)
+├── NodeInUse              another live process holds this node's lease (``store/lease.py``)
 ├── BadRequest             token ids outside uint32, an empty sequence, a value of another model
 ├── PayloadError           a payload the index names cannot be returned
 │   ├── PayloadMissing         its tier no longer holds it (evicted meanwhile, or lost at a restart)
@@ -32,6 +33,10 @@ class EmbeddedRedisError(StoreUnavailable):
 
 
 class IndexFailure(StoreError):
+    pass
+
+
+class NodeInUse(StoreError):
     pass
 
 

@@ -6,6 +6,7 @@ Layout under ``prefix`` (default ``hf``) and ``node`` (one store per node and da
     {prefix}:{node}:handle:{handle}        HASH   handle metadata (see ``HandleMeta``)
     {prefix}:{node}:lru                    ZSET   handle id -> last access (unix seconds)
     {prefix}:{node}:usage                  HASH   tier name -> bytes held, for the dashboard
+    {prefix}:{node}:owner                  STRING the live process that holds the node (``store/lease.py``)
     {prefix}:events                        STREAM kv.* / prefill.saved / oom.alert events of all nodes
 
 Payloads live in this node's tiers, so the index is per node: a replica never matches a handle
@@ -55,6 +56,10 @@ class Keys:
     @property
     def usage(self) -> str:
         return f"{self._base}:usage"
+
+    @property
+    def owner(self) -> str:
+        return f"{self._base}:owner"
 
     @property
     def events(self) -> str:

@@ -21,7 +21,9 @@ Contract:
 - ``put`` never raises for lack of room or a failing disk: it returns outcome "skipped", an
   ``oom.alert`` is emitted, and the request goes on without caching.
 - One ``KVStore`` per node and data directory: payloads live in this process (CPU), in the
-  engines (device) and under ``data_dir/ssd``.
+  engines (device) and under ``data_dir/ssd``. The store holds the node's lease in Redis while it
+  is open (``store/lease.py``); a second live store on the same node and Redis fails to start
+  with ``NodeInUse``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from store.handle import HandleMeta, Match, PutResult
 from store.identity import Scope
 from store.index import Index
 from store.keys import Keys
+from store.lease import NodeLease
 from store.payload import Payload
 from store.placer import Placer
 from store.redis_server import EmbeddedRedis
@@ -87,6 +90,7 @@ class KVStore:
         self.client = connect(self.redis_url, config.connect_timeout_s, config.socket_timeout_s)
         self.index = Index(self.client, keys, config.ttl_s)
         self.events = EventLog(self.client, keys.events, config.node, config.events_maxlen, config.ttl_s)
+        self.lease = NodeLease(self.client, keys.owner, config.node, config.node_lease_s)
         try:
             tiers: list[Tier] = [DeviceTier(d, config.device_budget) for d in devices]
             self.cpu = CpuTier(config.cpu_budget)
@@ -111,6 +115,7 @@ class KVStore:
             raise
 
     def close(self) -> None:
+        self.lease.release()
         self.client.close()
         if self._embedded is not None:
             self._embedded.stop()
@@ -292,6 +297,7 @@ class KVStore:
         with self._lock:  # no put may place a payload while orphans are being deleted
             if not self._reconciled:
                 self.index.ping()
+                self.lease.acquire()  # another live process on this node would lose its index here
                 self._reconcile()
                 self._reconciled = True
                 if self._late:

@@ -6,6 +6,7 @@ SQLite by default (a file under the data directory), PostgreSQL by URL
 
 from __future__ import annotations
 
+import fcntl
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -16,6 +17,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 import migrations
 from gateway.errors import RegistryError
@@ -38,7 +40,41 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str, revision: str = "head") -> None:
     _ensure_sqlite_dir(url)
-    command.upgrade(alembic_config(url), revision)
+    with start_lock(url):
+        command.upgrade(alembic_config(url), revision)
+
+
+# Any 64-bit number that names this lock on the server: replicas starting together migrate in turn.
+_PG_LOCK = 0x4846_4D49_4752_4154  # "HFMIGRAT"
+
+
+@contextmanager
+def start_lock(url: str) -> Iterator[None]:
+    """Held while one gateway migrates the registry and registers its models, so that replicas
+    starting at once on one database do it in turn rather than racing on ``CREATE TABLE``: a
+    PostgreSQL advisory lock (on a connection of its own), or for SQLite a file lock next to the
+    database file. Not re-entrant: ``upgrade`` takes it, so never call that inside it."""
+    u = make_url(normalize_url(url))
+    if u.get_backend_name() == "postgresql":
+        engine = create_engine(normalize_url(url), poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK})
+                try:
+                    yield
+                finally:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK})
+        finally:
+            engine.dispose()
+    elif u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
+        with open(f"{u.database}.start.lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+    else:
+        yield
 
 
 def downgrade(url: str, revision: str) -> None:

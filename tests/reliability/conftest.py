@@ -5,11 +5,13 @@ and get the native answer that every fault must still produce."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
 from gateway.settings import GenerationDefaults, RoleSettings, TransferPolicy
 from heterofold.corpus import stdlib_text
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.models
 Messages = list[dict[str, str]]
 
 OTHER_KEY = "sk-test-tenant-b"  # a second tenant
+POSTGRES = ("127.0.0.1", 5432)
 
 
 def roles() -> dict[str, RoleSettings]:
@@ -113,3 +116,16 @@ def opening(doc: int, chars: int = 1400) -> Messages:
 
 def then(messages: Messages, reply: str, question: str) -> Messages:
     return [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": question}]
+
+
+@pytest.fixture
+def postgres_schema() -> Iterator[str]:
+    """A fresh schema on the local PostgreSQL, dropped after the test (after its gateway stops)."""
+    schema = f"hf_rel_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(f"postgresql+psycopg://postgres@{POSTGRES[0]}:{POSTGRES[1]}/test")
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    yield schema
+    with admin.begin() as conn:
+        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    admin.dispose()

@@ -10,7 +10,6 @@ import hashlib
 import json
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -20,7 +19,6 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
 
 from engines.loader import LoadedModel
 from engines.local import LocalEngine
@@ -409,19 +407,6 @@ def test_payload_that_fits_no_tier_is_skipped_with_an_oom_alert_and_caching_resu
     assert any(e["handle"] == held and e["reason"] == "budget" for e in events(gw, "kv.evicted"))
     assert store.cpu.used <= budget
     hop_reuses_prefix(gw, "executor", then(second, text, "Shorter, please."), "conv-b")
-
-
-@pytest.fixture
-def postgres_schema() -> Iterator[str]:
-    """A fresh schema on the local PostgreSQL, dropped after the test (after its gateway stops)."""
-    schema = f"hf_rel_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(f"postgresql+psycopg://postgres@{POSTGRES[0]}:{POSTGRES[1]}/test")
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    yield schema
-    with admin.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
 
 
 def test_database_unreachable_at_start_serves_chat_then_connects_without_a_restart(
