@@ -35,6 +35,9 @@ def fit(
     steps: Annotated[int, typer.Option(min=1, help="distilled: gradient steps.")] = 300,
     rank: Annotated[int, typer.Option(min=1, help="distilled: rank of the residual per layer.")] = 8,
     distill_docs: Annotated[int, typer.Option(min=2, help="distilled: contexts to distil on.")] = 16,
+    gates: Annotated[
+        bool, typer.Option(help="distilled: also learn a per-head temperature and value gain for mapped tokens.")
+    ] = False,
     version: Annotated[str | None, typer.Option(help="Version label (default: method-date).")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
@@ -67,7 +70,7 @@ def fit(
                 contexts = distill_contexts(seed, distill_docs)
                 adapter = asyncio.run(
                     distill_direction(s, r, base, contexts=contexts, version=label, seed=seed, steps=steps, rank=rank,
-                                      progress=progress)
+                                      gates=gates, progress=progress)
                 )  # fmt: skip
             else:
                 adapter = asyncio.run(

@@ -129,6 +129,7 @@ async def distill(
     fit_info: dict[str, object],
     steps: int = 300,
     rank: int = 8,
+    gates: bool = False,
     lr: float = 2e-3,
     penalty: float = 1e-2,
     held: int = 3,
@@ -139,7 +140,7 @@ async def distill(
     """Distil ``adapter`` on ``docs`` (from ``build_docs``); returns the folded adapter with the
     held-out KL before and after in its metrics."""
     train, held_out = split_docs(len(docs), held)
-    param = LowRankResidual(adapter, rank=rank, seed=seed)
+    param = LowRankResidual(adapter, rank=rank, seed=seed, gates=gates)
     opt = torch.optim.Adam(param.parameters(), lr=lr)
     order = [d for i in train for d in docs[i]]
     rng = random.Random(seed)
@@ -186,6 +187,6 @@ async def distill(
         "distill_history": history,  # (step, mean training KL since the last, held-out KL)
     }
     info = {**adapter.manifest.fit, **fit_info, "distill_s": round(time.perf_counter() - t0, 1)}
-    info |= {"steps": steps, "rank": rank, "lr": lr, "penalty": penalty, "train_docs": len(train),
+    info |= {"steps": steps, "rank": rank, "gates": gates, "lr": lr, "penalty": penalty, "train_docs": len(train),
              "held_docs": len(held_out)}  # fmt: skip
     return param.fold(method, version, info, metrics)

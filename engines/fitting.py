@@ -70,6 +70,7 @@ async def distill_direction(
     seed: int = 0,
     steps: int = 300,
     rank: int = 8,
+    gates: bool = False,
     budgets: Sequence[float] = (0.0, 0.02),
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Adapter:
@@ -86,7 +87,7 @@ async def distill_direction(
         "distill_collect_s": round(time.perf_counter() - t0, 1),
     }
     adapter = await distill(receiver, start, docs, method="distilled", version=version, fit_info=info, steps=steps,
-                            rank=rank, seed=seed, progress=progress)  # fmt: skip
+                            rank=rank, gates=gates, seed=seed, progress=progress)  # fmt: skip
     adapter.manifest.fit["fit_s"] = round(float(start.manifest.fit.get("fit_s", 0.0)) + time.perf_counter() - t0, 2)
     return adapter
 

@@ -13,9 +13,14 @@ biases (LoRA-style, ``rank`` columns, the residual starting at zero so step 0 is
     W_k' = W_k + A_k @ B_k      (F, r) @ (r, H_r * D_r)
     b_k' = b_k + c_k
 
-and the same for values. ``fold()`` returns plain affine ``LayerMap``s: applying a distilled
-adapter costs exactly what applying the ridge map does. This module is pure torch: the receiver's
-forward pass is the caller's (``engines.distill``).
+and the same for values. With ``gates``, each receiver layer also learns a log-scale per KV head
+for the mapped keys and one for the mapped values (starting at 0, a scale of 1): a mapped key
+scaled by ``exp(g)`` scales every query's attention logit on that token by ``exp(g)``, so the key
+gate is a per-head attention temperature for mapped tokens, and the value gate says how much of a
+mapped token's value the head takes in. Both are diagonal per head, which a low-rank residual
+cannot express, and both fold into the map's columns. ``fold()`` returns plain affine
+``LayerMap``s: applying a distilled adapter costs exactly what applying the ridge map does. This
+module is pure torch: the receiver's forward pass is the caller's (``engines.distill``).
 """
 
 from __future__ import annotations
@@ -58,11 +63,16 @@ def doc_features(
 class LowRankResidual(torch.nn.Module):
     """Trainable low-rank residuals on every layer's K and V maps of ``adapter`` (module docstring)."""
 
-    def __init__(self, adapter: Adapter, rank: int = 8, seed: int = 0) -> None:
+    def __init__(self, adapter: Adapter, rank: int = 8, seed: int = 0, gates: bool = False) -> None:
         super().__init__()
         if rank < 1:
             raise ValueError(f"rank must be at least 1, got {rank}")
         self.adapter = adapter
+        self.gates = gates
+        r = adapter.manifest.receiver
+        # per layer, per receiver KV head: log-scales of the mapped keys and values (module docstring)
+        self.g_k = torch.nn.Parameter(torch.zeros(r.num_layers, r.num_kv_heads), requires_grad=gates)
+        self.g_v = torch.nn.Parameter(torch.zeros(r.num_layers, r.num_kv_heads), requires_grad=gates)
         g = torch.Generator().manual_seed(seed)
         self.a_k, self.b_k, self.c_k = torch.nn.ParameterList(), torch.nn.ParameterList(), torch.nn.ParameterList()
         self.a_v, self.b_v, self.c_v = torch.nn.ParameterList(), torch.nn.ParameterList(), torch.nn.ParameterList()
@@ -79,7 +89,13 @@ class LowRankResidual(torch.nn.Module):
         mp = self.adapter.maps[layer]
         wk = mp.k_weight + self.a_k[layer] @ self.b_k[layer]
         wv = mp.v_weight + self.a_v[layer] @ self.b_v[layer]
-        return wk, mp.k_bias + self.c_k[layer], wv, mp.v_bias + self.c_v[layer]
+        bk, bv = mp.k_bias + self.c_k[layer], mp.v_bias + self.c_v[layer]
+        if not self.gates:
+            return wk, bk, wv, bv
+        D = self.adapter.manifest.receiver.head_dim
+        sk = self.g_k[layer].exp().repeat_interleave(D)  # (H_r * D_r,): one scale per head's columns
+        sv = self.g_v[layer].exp().repeat_interleave(D)
+        return wk * sk, bk * sk, wv * sv, bv * sv
 
     def context_kv(self, doc: DistillDoc) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The receiver's context KV for ``doc``: mapped rows where ``doc.mapped``, native elsewhere.

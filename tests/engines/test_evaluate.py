@@ -84,7 +84,8 @@ def test_evaluate_runs_every_path_and_the_identities_hold(load_engine) -> None: 
     assert recall["multikey"]["answer"] == 0.0
 
 
-def test_distillation_steps_lower_the_answer_kl_of_a_noised_map(load_engine) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("gates", [False, True])
+def test_distillation_steps_lower_the_answer_kl_of_a_noised_map(load_engine, gates: bool) -> None:  # type: ignore[no-untyped-def]
     from engines.distill import build_docs, distill
     from heterofold.adapter import LayerMap
 
@@ -100,7 +101,8 @@ def test_distillation_steps_lower_the_answer_kl_of_a_noised_map(load_engine) -> 
     (docs,) = run(build_docs(engine, engine, noised, [stdlib_text(700, start=11)], budgets=(0.0,), answer_tokens=8))
     # the same document to train and to measure: the steps must lower its loss
     out = run(distill(engine, noised, [docs, docs], method="distilled", version="t", fit_info={}, steps=6, lr=5e-3,
-                      held=1, eval_every=3))  # fmt: skip
+                      held=1, eval_every=3, gates=gates))  # fmt: skip
     m = out.manifest.metrics
     assert m["held_out_answer_kl_after_distill"] < 0.9 * m["held_out_answer_kl_before_distill"]
     assert m["distill_best_step"] in (3, 6) and out.manifest.method == "distilled"
+    assert out.manifest.fit["gates"] is gates

@@ -84,3 +84,30 @@ def test_kl_loss_is_zero_on_the_target_and_positive_elsewhere() -> None:
 def test_split_holds_out_the_last_documents_and_always_trains_on_one() -> None:
     assert (list(split_docs(10, 3)[0]), list(split_docs(10, 3)[1])) == (list(range(7)), [7, 8, 9])
     assert list(split_docs(2, 3)[0]) == [0] and list(split_docs(1, 3)[1]) == []
+
+
+def test_gates_scale_each_heads_mapped_keys_and_values_and_fold_into_the_map() -> None:
+    receiver = Side("r", "fp-r", 2, 2, 8, (1e4, 1e6))  # two KV heads, to tell the heads apart
+    g = torch.Generator().manual_seed(0)
+    f, o = 2 * SENDER.num_kv_heads * SENDER.head_dim, receiver.num_kv_heads * receiver.head_dim
+    maps = [LayerMap(*(torch.randn(*s, generator=g) for s in ((f, o), (o,), (f, o), (o,)))) for _ in range(2)]
+    adapter = Adapter(Manifest("kv-ridge", "t", SENDER, receiver, ((0, 1), (1, 2))), maps)
+    src = torch.arange(12)
+    x_k, x_v, at = doc_features(adapter, _sender_kv(12), src)
+    zeros = tuple(torch.zeros(2, 12, 8) for _ in range(2))
+    doc = DistillDoc(x_k, x_v, at, zeros, zeros, torch.arange(12), torch.arange(3), slice(0, 2), torch.zeros(2, 5))
+    plain = LowRankResidual(adapter, rank=2)
+    gated = LowRankResidual(adapter, rank=2, gates=True)
+    assert not plain.g_k.requires_grad and gated.g_k.requires_grad
+    with torch.no_grad():
+        gated.g_k[1, 0] = torch.log(torch.tensor(2.0))  # layer 1, head 0: keys twice as large
+        gated.g_v[0, 1] = torch.log(torch.tensor(0.5))  # layer 0, head 1: values halved
+    (pk, pv), (gk, gv) = plain.context_kv(doc), gated.context_kv(doc)
+    torch.testing.assert_close(gk[1][0], 2 * pk[1][0])  # RoPE is linear: the scale survives it
+    torch.testing.assert_close(gk[1][1], pk[1][1])
+    torch.testing.assert_close(gv[0][1], 0.5 * pv[0][1])
+    torch.testing.assert_close(gv[0][0], pv[0][0])
+    folded = gated.fold("distilled", "v", {}, {})
+    applied = folded.apply(_sender_kv(12), src, torch.arange(12), dtype=torch.float32)
+    torch.testing.assert_close(applied.keys[1], gk[1].detach(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(applied.values[0], gv[0].detach(), atol=1e-4, rtol=1e-4)
