@@ -21,6 +21,7 @@ from gateway.settings import BootstrapSettings, Settings, load_settings
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 ConfigOpt = Annotated[Path | None, typer.Option("--config", envvar="HETEROFOLD_CONFIG", help="YAML config file.")]
+ENDED = ("done", "failed", "cancelled")  # fit job statuses that will not change again
 db_app = typer.Typer(help="The registry database (Alembic).", no_args_is_help=True)
 
 
@@ -75,7 +76,9 @@ async def _run(settings: Settings, admin_key: str) -> None:
         tail = "" if serving.done() else " Ctrl-C stops the gateway."
         console.print(fit_summary(jobs) + tail, style=None if ok else "yellow", markup=False)
     else:
-        console.print("Every direction already has an adapter. Ctrl-C stops the gateway.")
+        console.print(
+            "Every direction already has an adapter, or a fit of it runs on another replica. Ctrl-C stops the gateway."
+        )
     await serving
 
 
@@ -103,7 +106,8 @@ def fit_summary(jobs: Sequence[Job]) -> str:
     done = sum(job.status == "done" for job in jobs)
     parts = [f"{done} of {len(jobs)} adapters fitted and active"]
     parts += [f"{job.sender} -> {job.receiver} failed: {job.error}" for job in jobs if job.status == "failed"]
-    unfinished = sum(job.status not in ("done", "failed") for job in jobs)
+    parts += [f"{job.sender} -> {job.receiver} cancelled" for job in jobs if job.status == "cancelled"]
+    unfinished = sum(job.status not in ENDED for job in jobs)
     if unfinished:
         parts.append(f"{unfinished} not finished")
     return "; ".join(part.rstrip(".") for part in parts) + "."
@@ -118,9 +122,9 @@ async def _progress(jobs: Sequence[Job], serving: asyncio.Task[None]) -> None:
                 state = f"{job.status} {job.stage} {job.done}/{job.total}"
                 if job.id not in ids:
                     ids[job.id] = bars.add_task(f"{job.sender} -> {job.receiver}", total=1.0, state=state)
-                finished = job.status in ("done", "failed")
+                finished = job.status in ENDED
                 bars.update(ids[job.id], completed=1.0 if finished else job.view()["progress"], state=state)
-            if all(job.status in ("done", "failed") for job in jobs):
+            if all(job.status in ENDED for job in jobs):
                 return
             await asyncio.sleep(0.5)
 

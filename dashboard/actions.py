@@ -7,10 +7,12 @@ POST /dashboard/logout
 GET  /dashboard/adapters/{id}/{action}     POST (same)                 shadow, promote, rollback, retire
 GET  /dashboard/upload                     POST /dashboard/upload      manifest + weights
 GET  /dashboard/fits/new -> GET /dashboard/fits/confirm -> POST /dashboard/fits -> /dashboard/fits/{id}
+POST /dashboard/fits/{id}/cancel                                       the job page's Cancel button
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 from urllib.parse import quote
 
@@ -185,3 +187,19 @@ async def fit_start(
     except GatewayError as exc:
         raise PageError(exc.status, str(exc)) from exc
     return RedirectResponse(f"/dashboard/fits/{job.id}", status_code=303)
+
+
+@router.post("/fits/{job_id}/cancel")
+async def fit_cancel(
+    job_id: str, services: ServicesDep, dash: DashboardDep, session: AdminSessionDep, csrf: Csrf
+) -> RedirectResponse:
+    check_csrf(dash, session, csrf)
+    try:
+        job = await asyncio.to_thread(services.jobs.cancel, job_id)
+    except GatewayError as exc:
+        raise PageError(exc.status, str(exc)) from exc
+    if job.status == "cancelled":  # queued, or stale: nothing runs it
+        done = f"Cancelled: {job.error}." if job.error else "Cancelled before it started."
+    else:
+        done = f"Cancel requested: replica {job.replica} stops the fit at its next progress step."
+    return _see(f"/dashboard/fits/{quote(job_id)}", done)

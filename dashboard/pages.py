@@ -2,7 +2,7 @@
 ``actions.py``).
 
 GET /dashboard                     overview: per-route traffic, speedup and drift, tier memory, alerts
-GET /dashboard/adapters            versions per ordered pair, fidelity, drift, fit jobs, audit
+GET /dashboard/adapters            versions per ordered pair, fidelity, drift, every replica's fit jobs, audit
 GET /dashboard/live                the live event feed
 GET /dashboard/events              Server-Sent Events (``?after=<stream id>`` or Last-Event-ID)
 GET /dashboard/fits/{id}           one fit job, with live progress
@@ -34,6 +34,7 @@ router = APIRouter(prefix="/dashboard", tags=["dashboard"], include_in_schema=Fa
 STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 BACKLOG = 50
 AUDIT_ROWS = 20
+JOB_ROWS = 20
 
 
 @router.get("", response_class=HTMLResponse)
@@ -61,7 +62,7 @@ async def overview(request: Request, services: ServicesDep, dash: DashboardDep, 
         request, "overview.html", services=services, dash=dash, session=session, routes=routes, paths=PATHS,
         totals=totals(routes), speed_chart=speed_chart, usage=usage, memory_chart=memory_chart,
         registry_ok=registry_ok, window=dash.settings.requests, samples=len(dash.history),
-        interval=dash.settings.sample_interval_s, shadow=shadow,
+        interval=dash.settings.sample_interval_s, shadow=shadow, node=services.store.config.node,
     )  # fmt: skip
 
 
@@ -72,12 +73,12 @@ async def adapters(request: Request, services: ServicesDep, dash: DashboardDep, 
         pairs = await in_session(services.db, lambda s: pair_views(
             session=s, pool=services.pool, window=shadow.window, threshold=shadow.drift_kl_threshold))  # fmt: skip
         audit = await in_session(services.db, lambda s: audit_rows(session=s, limit=AUDIT_ROWS))
+        jobs = await asyncio.to_thread(services.jobs.list, limit=JOB_ROWS)
     except GatewayError as exc:
         raise PageError(exc.status, str(exc)) from exc
-    jobs = sorted(services.jobs.jobs.values(), key=lambda j: j.started, reverse=True)
     return await render(
         request, "adapters.html", services=services, dash=dash, session=session, pairs=pairs, audit=audit,
-        jobs=jobs, shadow=shadow,
+        jobs=jobs, shadow=shadow, replica=services.jobs.replica,
     )  # fmt: skip
 
 
@@ -116,15 +117,16 @@ async def fit_job(
     request: Request, job_id: str, services: ServicesDep, dash: DashboardDep, session: SessionDep
 ) -> HTMLResponse:
     try:
-        job = services.jobs.get(job_id)
+        job = await asyncio.to_thread(services.jobs.get, job_id)
     except GatewayError as exc:
         raise PageError(exc.status, str(exc)) from exc
-    return await render(request, "fit_job.html", services=services, dash=dash, session=session, job=job.view())
+    return await render(request, "fit_job.html", services=services, dash=dash, session=session, job=job.view(),
+                        stale_after_s=services.jobs.stale_after_s)  # fmt: skip
 
 
 @router.get("/fits/{job_id}/progress")
 async def fit_progress(job_id: str, services: ServicesDep) -> dict[str, Any]:
     try:
-        return services.jobs.get(job_id).view()
+        return (await asyncio.to_thread(services.jobs.get, job_id)).view()
     except GatewayError as exc:
         raise PageError(exc.status, str(exc)) from exc

@@ -19,7 +19,8 @@ any other ``EngineError`` 500; anything else 500 without internals in the messag
 
 Signals inside the gateway, plain Exceptions that never reach the API:
 - ``SenderKVMissing``, ``StorageMiss``: a hop falls back (``gateway/hop.py``), the class is the reason;
-- ``FitCancelled``: a fit job gives up because the gateway is stopping (``gateway/jobs.py``).
+- ``FitCancelled``: a fit gives up: its job was cancelled (from any replica), or the gateway is
+  stopping (``gateway/jobs.py``).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class StorageMiss(Exception):
 
 
 class FitCancelled(Exception):
-    """The gateway is stopping: a running fit gives up at its next progress step."""
+    """A running fit gives up at its next progress step: its job was cancelled, or the gateway is stopping."""
 
 
 @dataclass(frozen=True)

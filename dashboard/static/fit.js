@@ -1,10 +1,11 @@
-// A fit job's page: poll its progress every second until it is done or failed.
+// A fit job's page: poll its progress every second until it is done, failed or cancelled.
 (function () {
   "use strict";
   var box = document.getElementById("job");
   var id = box.dataset.job;
   function show(job) {
     document.getElementById("job-status").textContent = job.status;
+    document.getElementById("job-stale").hidden = !job.stale;
     document.getElementById("job-stage").textContent = job.stage || "-";
     document.getElementById("job-progress").value = job.progress;
     document.getElementById("job-percent").textContent = Math.round(100 * job.progress) + "%";
@@ -18,7 +19,10 @@
     } else if (job.error) {
       result.textContent = job.error;
     }
-    return job.status === "done" || job.status === "failed";
+    var ended = job.status === "done" || job.status === "failed" || job.status === "cancelled";
+    var cancel = document.getElementById("job-cancel");
+    if (ended && cancel) { cancel.remove(); }
+    return ended;
   }
   function poll() {
     fetch("/dashboard/fits/" + encodeURIComponent(id) + "/progress", { cache: "no-store" })

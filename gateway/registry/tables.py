@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 Status = Literal["candidate", "shadow", "active", "retired"]
@@ -79,13 +79,23 @@ class AuditRow(Base):
 
 
 class FitJobRow(Base):
+    """One fit job, the source of truth for every replica (``gateway/jobs.py``). The replica that
+    runs it writes its progress and touches ``updated_at`` every few seconds while it is queued or
+    running; any replica may set ``cancel_requested``."""
+
     __tablename__ = "fit_jobs"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     sender_name: Mapped[str] = mapped_column(String(200))
     receiver_name: Mapped[str] = mapped_column(String(200))
     method: Mapped[str] = mapped_column(String(50))
-    status: Mapped[str] = mapped_column(String(20), default="queued")  # queued, running, done, failed
+    replica: Mapped[str] = mapped_column(String(200), default="")  # host:pid of the gateway that runs it
+    version: Mapped[str] = mapped_column(String(200), default="")
+    docs: Mapped[int] = mapped_column(Integer, default=0)
+    max_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    activate: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(20), default="queued")  # queued, running, done, failed, cancelled
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     stage: Mapped[str] = mapped_column(String(50), default="")
     done: Mapped[int] = mapped_column(Integer, default=0)
     total: Mapped[int] = mapped_column(Integer, default=0)
@@ -93,7 +103,7 @@ class FitJobRow(Base):
     error: Mapped[str | None] = mapped_column(Text, default=None)
     adapter_id: Mapped[int | None] = mapped_column(ForeignKey("adapter_versions.id"), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)  # the runner's heartbeat
 
 
 class ShadowSampleRow(Base):

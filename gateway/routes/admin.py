@@ -9,11 +9,14 @@ POST /admin/adapters/{id}/rollback      re-activate the version it replaced
 POST /admin/adapters/{id}/retire
 GET  /admin/audit                       promotions, rollbacks, retirements
 POST /admin/fits                        start a fit job: 202 with the job id
-GET  /admin/fits/{job_id}               its progress
+GET  /admin/fits                        the newest fit jobs of every replica (``?limit=``)
+GET  /admin/fits/{job_id}               its progress, whichever replica runs it
+POST /admin/fits/{job_id}/cancel        stop it (409 once it ended)
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -129,6 +132,16 @@ async def start_fit(body: FitIn, jobs: JobsDep) -> JSONResponse:
     return JSONResponse(job.view(), status_code=202, headers={"Location": f"/admin/fits/{job.id}"})
 
 
+@router.get("/fits")
+async def list_fits(jobs: JobsDep, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[dict[str, Any]]:
+    return [job.view() for job in await asyncio.to_thread(jobs.list, limit=limit)]
+
+
 @router.get("/fits/{job_id}")
 async def fit_progress(job_id: str, jobs: JobsDep) -> dict[str, Any]:
-    return jobs.get(job_id).view()
+    return (await asyncio.to_thread(jobs.get, job_id)).view()
+
+
+@router.post("/fits/{job_id}/cancel")
+async def cancel_fit(job_id: str, jobs: JobsDep) -> dict[str, Any]:
+    return (await asyncio.to_thread(jobs.cancel, job_id)).view()

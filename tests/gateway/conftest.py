@@ -34,6 +34,7 @@ from gateway.settings import (
     TransferPolicy,
 )
 from heterofold.adapter import Adapter
+from tests.migrations.conftest import database_url, postgres_url  # noqa: F401  (SQLite and PostgreSQL registries)
 
 SMOL, GEMMA = "smollm2-135m-instruct", "gemma3-270m"
 CLIENT_KEY, ADMIN_KEY = "sk-test-client", "sk-test-admin"

@@ -54,3 +54,35 @@ def test_0007_gives_existing_fit_jobs_zero_attempts_and_downgrades_cleanly(datab
         assert "attempts" not in {c["name"] for c in inspect(engine).get_columns("fit_jobs")}
     finally:
         engine.dispose()
+
+
+def test_0008_gives_existing_fit_jobs_no_replica_and_no_cancel_request_and_downgrades_cleanly(
+    database_url: str,
+) -> None:
+    db.upgrade(database_url, "0007")
+    engine = create_engine(db.normalize_url(database_url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO fit_jobs (id, sender_name, receiver_name, method, status, stage, done, total, attempts, "
+                "created_at, updated_at) VALUES ('j1', 'a', 'b', 'kv-ridge', 'running', 'fit', 1, 2, 1, :now, :now)"
+            ), {"now": datetime.now(UTC)})  # fmt: skip
+        db.upgrade(database_url)
+        with engine.connect() as conn:
+            row = conn.execute(text(
+                "SELECT replica, version, docs, max_tokens, activate, cancel_requested FROM fit_jobs WHERE id = 'j1'"
+            )).one()  # fmt: skip
+        assert tuple(row) == ("", "", 0, 0, False, False)
+        with engine.begin() as conn:  # the new columns take values: a cancel request on another replica's job
+            conn.execute(text("UPDATE fit_jobs SET replica = 'host-a:1', cancel_requested = :yes WHERE id = 'j1'"),
+                         {"yes": True})  # fmt: skip
+        db.downgrade(database_url, "0007")
+        columns = {c["name"] for c in inspect(engine).get_columns("fit_jobs")}
+        assert columns.isdisjoint({"replica", "version", "docs", "max_tokens", "activate", "cancel_requested"})
+        assert "attempts" in columns
+        with engine.connect() as conn:  # the rows survive the table's rebuild on SQLite
+            assert conn.execute(text("SELECT attempts FROM fit_jobs WHERE id = 'j1'")).scalar_one() == 1
+        db.upgrade(database_url)
+        assert {"replica", "cancel_requested"} <= {c["name"] for c in inspect(engine).get_columns("fit_jobs")}
+    finally:
+        engine.dispose()

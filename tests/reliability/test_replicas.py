@@ -4,7 +4,8 @@ store node and tiers) and both read one artifacts folder. A hop that lands on th
 does not hold the sender's KV misses cleanly and prefills natively, counted as a fallback; a hop
 on the same replica takes its prefix or transfer. Every native or prefix answer must equal the
 native greedy answer, a replica killed between two hops loses nothing (the conversation lives in
-Redis), and a restarted replica takes its node back once the killed holder's lease lapses."""
+Redis), and a restarted replica takes its node back once the killed holder's lease lapses. A fit
+job started on one replica is shown and cancelled by the other."""
 
 from __future__ import annotations
 
@@ -210,6 +211,21 @@ def test_two_replicas_alternating_hops_answer_natively_and_one_killed_loses_noth
     assert hf["path"] == "native" and text == native(a, "executor", messages)
     with b2.http() as admin:
         assert admin.get("/admin/adapters").json()[0]["status"] == "active"  # the registry is shared
+
+    # A fit started on a is shown by b2 with a's name, and b2 cancels it: a's fit stops.
+    with a.http() as admin_a, b2.http() as admin_b:
+        r = admin_a.post("/admin/fits", json={"sender": GEMMA, "receiver": SMOL, "method": "kv-ridge", "docs": 2,
+                                              "max_tokens": 64})  # fmt: skip
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+        seen = admin_b.get(f"/admin/fits/{job_id}").json()
+        assert seen["replica"] == node_of(a) and seen["status"] in ("queued", "running") and not seen["stale"]
+        assert any(j["id"] == job_id for j in admin_b.get("/admin/fits").json())
+        r = admin_b.post(f"/admin/fits/{job_id}/cancel")
+        assert r.status_code == 200, r.text
+        eventually(lambda: admin_a.get(f"/admin/fits/{job_id}").json()["status"] == "cancelled", 60, "cancelled on a")
+        assert admin_b.get(f"/admin/fits/{job_id}").json()["adapter_id"] is None
+        assert len(admin_a.get("/admin/adapters").json()) == 1  # the cancelled fit registered nothing
 
 
 def test_a_second_replica_on_the_same_data_directory_refuses_to_start(cluster: Callable[[str], Replica]) -> None:
