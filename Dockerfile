@@ -15,6 +15,7 @@ RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorc
 COPY pyproject.toml README.md ./
 COPY heterofold heterofold
 COPY engines engines
+COPY harness harness
 COPY store store
 COPY gateway gateway
 COPY dashboard dashboard

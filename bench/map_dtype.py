@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from engines.base import SamplingParams
-from engines.evaluate import eval_hop, fidelity, receiver_prompt
 from engines.local import LocalEngine
 from engines.transfer import transfer
+from harness.evaluate import eval_hop, fidelity, receiver_prompt
 from heterofold.adapter import Adapter
 from heterofold.suite import builtin_suite
 from heterofold.tasks import is_correct

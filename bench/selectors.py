@@ -2,7 +2,7 @@
 (optionally) the accuracy of quoting each selector's choice.
 
 For every item of the builtin suite (or a JSONL file) the hop is built as ``heterofold eval``
-builds it (``engines.evaluate.eval_hop``: the gateway's sections function and candidates). Each
+builds it (``harness.evaluate.eval_hop``: the gateway's sections function and candidates). Each
 basic selector reads once per item (``Selector.ranker``); unions interleave those rankings, and
 their time is the sum of their parts'. At each budget, ``heterofold.select.answer_recall`` says
 whether the chosen tokens cover the answer value, and its whole sentence (no model judges). With
@@ -19,10 +19,10 @@ from dataclasses import replace
 from typing import Any
 
 from engines.base import SamplingParams
-from engines.evaluate import eval_hop, receiver_prompt
 from engines.local import LocalEngine
 from engines.selectors import BASIC, Evidence, Selection, candidates, choose_with
 from engines.transfer import transfer
+from harness.evaluate import eval_hop, receiver_prompt
 from heterofold.adapter import Adapter
 from heterofold.select import Ranker, answer_recall, elide, union
 from heterofold.tasks import TaskItem, is_correct

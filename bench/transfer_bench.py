@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from engines.base import SamplingParams
-from engines.evaluate import eval_hop
 from engines.local import LocalEngine
 from engines.selectors import make_selector
 from engines.transfer import transfer
+from harness.evaluate import eval_hop
 from heterofold.adapter import Adapter
 from heterofold.suite import builtin_suite
 

@@ -42,9 +42,10 @@ def fit(
     cache_dir: CacheDir = None,
 ) -> None:
     """Fit an adapter for one direction, both models frozen, and save it."""
-    from engines.fitting import corpus_from_file, default_corpus, distill_contexts, distill_direction, fit_direction
     from engines.local import LocalEngine
+    from harness.fit_on_engines import default_corpus, distill_direction, fit_direction
     from heterofold.adapter import Adapter
+    from heterofold.corpus import corpus_from_file, distill_contexts
 
     if method not in ("heterofold", "kv-ridge", "distilled"):
         err.print(f"[red]error:[/red] unknown method {method!r}: heterofold, kv-ridge or distilled")
@@ -129,9 +130,9 @@ def eval_cmd(
     cache_dir: CacheDir = None,
 ) -> None:
     """Every path on the same items: native, no_context, sender, quote, recompute_only, and each adapter
-    map-only and with recompute at each budget (engines/evaluate.py)."""
-    from engines.evaluate import PATH_FAMILIES, evaluate
+    map-only and with recompute at each budget (harness/evaluate.py)."""
     from engines.local import LocalEngine
+    from harness.evaluate import PATH_FAMILIES, evaluate
     from heterofold.adapter import Adapter
     from heterofold.suite import builtin_suite
     from heterofold.tasks import load_jsonl

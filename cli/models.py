@@ -66,11 +66,13 @@ def models_check(
     name: ModelArg = "all",
     prefix: Annotated[int, typer.Option(help="Prefix tokens (past Gemma3's 512-token window).")] = 720,
     suffix: Annotated[int, typer.Option(help="Suffix tokens run on the imported cache.")] = 48,
-    verify_fingerprint: Annotated[bool, typer.Option(help="Recompute the weights' fingerprint.")] = False,
+    recompute_fingerprint: Annotated[
+        bool, typer.Option("--verify-fingerprint/--no-verify-fingerprint", help="Recompute the weights' fingerprint.")
+    ] = False,
     cache_dir: CacheDir = None,
 ) -> None:
     """Export, serialize, import and continue; compare with one full forward. Exit 1 on any failure."""
-    from engines.loader import verify_fingerprint as recompute
+    from engines.loader import verify_fingerprint
     from engines.local import LocalEngine
     from engines.selfcheck import TOLERANCE, check_engine
 
@@ -79,8 +81,8 @@ def models_check(
     with errors():
         for entry in resolve(name):
             engine = LocalEngine.from_zoo(entry.name, zoo=zoo)
-            if verify_fingerprint:
-                got = recompute(engine.model, zoo.model_dir(entry))
+            if recompute_fingerprint:
+                got = verify_fingerprint(engine.model, zoo.model_dir(entry))
                 ok = got == engine.spec.fingerprint
                 failed |= not ok
                 console.print(f"{entry.name}: fingerprint {'ok' if ok else 'MISMATCH ' + got[:16]}")

@@ -26,7 +26,7 @@ from dashboard.web import AdminSessionDep, DashboardDep, SessionDep, check_csrf,
 from gateway.deps import ServicesDep
 from gateway.errors import AuthError, GatewayError
 from gateway.lifecycle import ACTIONS, change_status, in_session, register_upload
-from gateway.registry import adapters as repo
+from gateway.registry import versions
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"], include_in_schema=False)
 ACTOR = "dashboard"
@@ -95,7 +95,7 @@ async def confirm_change(
     session: AdminSessionDep,
 ) -> HTMLResponse:  # fmt: skip
     try:
-        row = await in_session(services.db, lambda s: repo.get_adapter(session=s, adapter_id=adapter_id))
+        row = await in_session(services.db, lambda s: versions.get_adapter(session=s, adapter_id=adapter_id))
     except GatewayError as exc:
         raise PageError(exc.status, str(exc)) from exc
     return await render(request, "confirm.html", services=services, dash=dash, session=session, row=row,

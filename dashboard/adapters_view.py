@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from dashboard.charts import Series, line_chart
 from gateway.engine_pool import EnginePool
 from gateway.lifecycle import is_stale
-from gateway.registry import adapters as repo
+from gateway.registry import versions
 from gateway.registry.drift import shadow_history
 from gateway.registry.tables import AdapterRow, AuditRow
 
@@ -74,14 +74,14 @@ def actions_for(row: AdapterRow, stale: bool) -> tuple[str, ...]:
 
 
 def version_drift(*, session: Session, row: AdapterRow, window: int) -> Drift:
-    n, kl, top1 = repo.drift(session=session, adapter_id=row.id, window=window)
+    n, kl, top1 = versions.drift(session=session, adapter_id=row.id, window=window)
     return Drift(row.id, row.version, n, kl if n else None, top1 if n else None)
 
 
 def active_drift(*, session: Session, pool: EnginePool, window: int) -> dict[tuple[str, str], Drift]:
     """(sender engine, receiver engine) -> the drift of the active version for their fingerprints,
     for every ordered pair of ``pool``'s engines that has one."""
-    rows = repo.serving(session=session, statuses=("active",))
+    rows = versions.serving(session=session, statuses=("active",))
     drift = {(r.sender_fingerprint, r.receiver_fingerprint): version_drift(session=session, row=r, window=window)
              for r in rows}  # fmt: skip
     out = {}
@@ -94,7 +94,7 @@ def active_drift(*, session: Session, pool: EnginePool, window: int) -> dict[tup
 
 
 def pair_views(*, session: Session, pool: EnginePool, window: int, threshold: float) -> list[PairView]:
-    rows = repo.list_adapters(session=session)
+    rows = versions.list_adapters(session=session)
     history = shadow_history(session=session, adapter_ids=[r.id for r in rows], per_version=SAMPLES_PER_VERSION)
     by_version: dict[int, list[tuple[float, float]]] = {}
     for s in history:
@@ -104,12 +104,12 @@ def pair_views(*, session: Session, pool: EnginePool, window: int, threshold: fl
         pairs.setdefault((r.sender_fingerprint, r.receiver_fingerprint), []).append(r)
     out = []
     for i, members in enumerate(pairs.values()):
-        versions = []
+        views = []
         for r in members:
             d = version_drift(session=session, row=r, window=window)
             stale = is_stale(r, pool)
-            versions.append(VersionView(r, stale, fidelity(r.metrics), d.samples, d.mean_kl, d.mean_top1,
-                                        actions_for(r, stale)))  # fmt: skip
+            views.append(VersionView(r, stale, fidelity(r.metrics), d.samples, d.mean_kl, d.mean_top1,
+                                     actions_for(r, stale)))  # fmt: skip
         series = [Series(f"{r.version} (id {r.id})", by_version.get(r.id, [])) for r in members]
         first = members[0]
         chart = line_chart(
@@ -117,9 +117,9 @@ def pair_views(*, session: Session, pool: EnginePool, window: int, threshold: fl
             fmt=lambda v: f"{v:.3g}", threshold=threshold, threshold_label="drift threshold",
             empty="no shadow samples yet",
         )  # fmt: skip
-        out.append(PairView(f"pair-{i}", first.sender_name, first.receiver_name, versions, chart))
+        out.append(PairView(f"pair-{i}", first.sender_name, first.receiver_name, views, chart))
     return out
 
 
 def audit_rows(*, session: Session, limit: int) -> Sequence[AuditRow]:
-    return repo.audit_log(session=session, limit=limit)
+    return versions.audit_log(session=session, limit=limit)

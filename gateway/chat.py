@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from engines.base import Completion, Export, SamplingParams, StreamEvent
 from engines.errors import BadPrompt, EngineBusy, KVMismatch, PromptTooLong
-from gateway.adapters import AdapterResolver
 from gateway.background import Background
 from gateway.engine_pool import EnginePool, PooledEngine
 from gateway.errors import EngineFailed, EngineTimeout, GatewayError, InvalidRequest, UnknownRole
 from gateway.hop import Fallbacks, Hop, HopPlan, HopPlanner
 from gateway.metrics import Metrics
 from gateway.request_log import RequestLog, RequestRecord
+from gateway.resolver import AdapterResolver
 from gateway.schemas import ChatRequest, HeteroFoldUsage, PromptTokensDetails, Usage
 from gateway.settings import Settings, TransferPolicy
 from gateway.shadow import ShadowEvaluator

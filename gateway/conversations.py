@@ -3,16 +3,23 @@
 A turn names the model that ran it and the exact tokens of its KV value (prompt plus reply), with
 each token's character span in ``text`` (the sender's prompt plus its decoded reply). The next hop
 finds the KV value in the store by those tokens, and aligns it by those spans.
+
+The one Redis key the gateway writes (the store's own keys are in ``store/keys.py``):
+
+    {prefix}:conv:{tenant}:{conversation}   HASH  the conversation's latest turn (see ``Conversations``)
+
+``tenant`` and ``conversation`` are digests: neither a client key nor a client's conversation id
+appears in Redis in clear. Every key carries a TTL.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 import redis
 
-from gateway import keys
 from store.connection import redis_errors
 
 
@@ -29,6 +36,11 @@ class Turn:
             raise ValueError(f"{len(self.token_ids)} tokens but {len(self.offsets)} offsets")
 
 
+def conversation_key(prefix: str, tenant: str, conversation_id: str) -> str:
+    digest = hashlib.sha256(conversation_id.encode()).hexdigest()[:32]
+    return f"{prefix}:conv:{tenant or '-'}:{digest}"
+
+
 class Conversations:
     """Raises ``StoreUnavailable``/``IndexFailure`` (``store.errors``) when Redis fails."""
 
@@ -39,7 +51,7 @@ class Conversations:
 
     def latest(self, tenant: str, conversation_id: str) -> Turn | None:
         with redis_errors("conversation read"):
-            raw: dict[bytes, bytes] = self.client.hgetall(keys.conversation(self.prefix, tenant, conversation_id))  # type: ignore[assignment]
+            raw: dict[bytes, bytes] = self.client.hgetall(conversation_key(self.prefix, tenant, conversation_id))  # type: ignore[assignment]
         if not raw:
             return None
         ids = np.frombuffer(raw[b"ids"], dtype="<u4").astype(np.int64)
@@ -53,7 +65,7 @@ class Conversations:
         )
 
     def record(self, tenant: str, conversation_id: str, turn: Turn) -> None:
-        key = keys.conversation(self.prefix, tenant, conversation_id)
+        key = conversation_key(self.prefix, tenant, conversation_id)
         fields = {
             "engine": turn.engine,
             "fingerprint": turn.fingerprint,

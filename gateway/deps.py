@@ -7,13 +7,13 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from gateway.adapters import AdapterResolver
 from gateway.auth import KeyRing
 from gateway.chat import ChatService
 from gateway.engine_pool import EnginePool
 from gateway.jobs import FitJobs
 from gateway.metrics import Metrics
 from gateway.registry.db import Database
+from gateway.resolver import AdapterResolver
 from gateway.services import Services
 from gateway.settings import Settings
 from store.kv_store import KVStore

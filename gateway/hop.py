@@ -36,11 +36,11 @@ from engines.base import Engine, Timings
 from engines.errors import EngineBusy, EngineError
 from engines.selectors import Evidence, HopText, Selector, candidates, make_selector, select
 from engines.transfer import TransferResult, transfer
-from gateway.adapters import AdapterResolver, VersionRef
 from gateway.background import Background
 from gateway.conversations import Conversations, Turn
 from gateway.errors import RegistryError, SenderKVMissing, StorageMiss
 from gateway.metrics import Metrics
+from gateway.resolver import AdapterResolver, VersionRef
 from gateway.schemas import Path
 from gateway.settings import TransferPolicy
 from heterofold.adapter import Adapter, Side

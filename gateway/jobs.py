@@ -46,19 +46,19 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from engines.fitting import default_corpus, fit_direction
 from engines.local import LocalEngine
-from gateway.adapters import AdapterResolver
 from gateway.artifacts import new_folder
 from gateway.background import Background
 from gateway.engine_pool import EnginePool
 from gateway.errors import FitCancelled, InvalidRequest, RegistryError
 from gateway.metrics import Metrics
-from gateway.registry import adapters as repo
 from gateway.registry import fit_jobs as rows
+from gateway.registry import versions
 from gateway.registry.db import Database
 from gateway.registry.fit_jobs import ACTIVE
 from gateway.registry.tables import FitJobRow, utcnow
+from gateway.resolver import AdapterResolver
+from harness.fit_on_engines import default_corpus, fit_direction
 from store.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ class FitJobs:
         """Fit, in ``order``, every direction between configured engines that has no version yet,
         unless another replica has claimed it; the jobs this replica started."""
         with self.db.session() as session:
-            have = {(r.sender_fingerprint, r.receiver_fingerprint) for r in repo.list_adapters(session=session)
+            have = {(r.sender_fingerprint, r.receiver_fingerprint) for r in versions.list_adapters(session=session)
                     if r.status != "retired"}  # fmt: skip
         jobs = []
         for s, r in order:
@@ -361,7 +361,7 @@ class FitJobs:
         sha = adapter.save(folder)
         m = adapter.manifest
         with self.db.session() as session:
-            row = repo.create_adapter(
+            row = versions.create_adapter(
                 session=session, sender_name=m.sender.name, receiver_name=m.receiver.name,
                 sender_fingerprint=m.sender.fingerprint, receiver_fingerprint=m.receiver.fingerprint,
                 version=m.version, method=m.method, artifact_path=str(folder), sha256=sha,
@@ -370,9 +370,9 @@ class FitJobs:
             if job.activate and not any(
                 r.status == "active" and r.sender_fingerprint == row.sender_fingerprint
                 and r.receiver_fingerprint == row.receiver_fingerprint
-                for r in repo.serving(session=session, statuses=("active",))
+                for r in versions.serving(session=session, statuses=("active",))
             ):  # fmt: skip
-                repo.promote(session=session, adapter_id=row.id, actor="bootstrap")
+                versions.promote(session=session, adapter_id=row.id, actor="bootstrap")
         job.adapter_id = row.id  # once committed: a failed promotion leaves no row behind to point at
 
 

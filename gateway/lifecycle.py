@@ -13,22 +13,22 @@ from typing import BinaryIO, TypeVar
 
 from sqlalchemy.orm import Session
 
-from gateway.adapters import AdapterResolver
 from gateway.artifacts import take_upload
 from gateway.engine_pool import EnginePool
 from gateway.errors import Conflict, NotFound
-from gateway.registry import adapters as repo
+from gateway.registry import versions
 from gateway.registry.db import Database
 from gateway.registry.tables import AdapterRow
+from gateway.resolver import AdapterResolver
 from store.kv_store import KVStore
 
 T = TypeVar("T")
 UPLOAD_LIMIT = 1 << 30
 ACTIONS: dict[str, Callable[..., AdapterRow]] = {
-    "shadow": repo.set_shadow,
-    "promote": repo.promote,
-    "rollback": repo.rollback,
-    "retire": repo.retire,
+    "shadow": versions.set_shadow,
+    "promote": versions.promote,
+    "rollback": versions.rollback,
+    "retire": versions.retire,
 }
 
 
@@ -56,7 +56,7 @@ async def change_status(
     if action not in ACTIONS:
         raise NotFound(f"no adapter action {action!r}; actions: {', '.join(ACTIONS)}")
     change = ACTIONS[action]
-    before = await in_session(db, lambda s: repo.get_adapter(session=s, adapter_id=adapter_id))
+    before = await in_session(db, lambda s: versions.get_adapter(session=s, adapter_id=adapter_id))
     if action == "promote" and is_stale(before, pool):
         raise Conflict(f"adapter {adapter_id} is stale: fitted for models the engines no longer run")
     row = await in_session(db, lambda s: change(session=s, adapter_id=adapter_id, actor=actor))
@@ -73,7 +73,7 @@ async def register_upload(
     """Verify an uploaded artifact, move it into place and register it as a ``candidate``."""
     adapter, folder, sha = await asyncio.to_thread(take_upload, adapters_dir, manifest, weights, UPLOAD_LIMIT)
     m = adapter.manifest
-    return await in_session(db, lambda s: repo.create_adapter(
+    return await in_session(db, lambda s: versions.create_adapter(
         session=s, sender_name=m.sender.name, receiver_name=m.receiver.name, sender_fingerprint=m.sender.fingerprint,
         receiver_fingerprint=m.receiver.fingerprint, version=version or m.version, method=m.method,
         artifact_path=str(folder), sha256=sha, metrics=m.metrics, actor=actor,

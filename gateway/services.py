@@ -17,7 +17,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from engines.base import Engine
 from engines.selectors import SCOUT
 from engines.zoo import Zoo
-from gateway.adapters import AdapterResolver
 from gateway.auth import KeyRing
 from gateway.background import Background
 from gateway.chat import ChatService
@@ -27,10 +26,11 @@ from gateway.errors import RegistryError
 from gateway.hop import Fallbacks, HopPlanner
 from gateway.jobs import FitJobs
 from gateway.metrics import Metrics
-from gateway.registry import adapters as repo
 from gateway.registry import db as registry_db
+from gateway.registry import versions
 from gateway.registry.db import Database
 from gateway.request_log import RequestLog
+from gateway.resolver import AdapterResolver
 from gateway.settings import Settings
 from gateway.shadow import ShadowEvaluator
 from gateway.turns import TurnRecorder
@@ -147,7 +147,7 @@ async def connect_registry(settings: Settings, db: Database, pool: EnginePool) -
 
 async def keep_connecting(settings: Settings, db: Database, pool: EnginePool, ready: Callable[[], None]) -> None:
     """Until the registry answers: meanwhile chat runs (native and same-model paths; transfers
-    through registry adapters fall back), and the admin API and readiness answer 503."""
+    through the registry's adapters fall back), and the admin API and readiness answer 503."""
     while True:
         await asyncio.sleep(settings.registry_retry_s)
         try:
@@ -175,7 +175,7 @@ def _register_models(db: Database, pool: EnginePool, url: str) -> None:
         with registry_db.start_lock(url), db.session() as session:
             for p in pool:
                 spec = p.engine.spec
-                repo.upsert_model(session=session, name=spec.name, family=spec.family, fingerprint=spec.fingerprint)
+                versions.upsert_model(session=session, name=spec.name, family=spec.family, fingerprint=spec.fingerprint)
     except (SQLAlchemyError, OSError) as exc:
         raise RegistryError(f"registry: models not registered: {type(exc).__name__}: {exc}") from exc
 

@@ -19,12 +19,12 @@ import time
 from collections.abc import Sequence
 
 from engines.base import Engine
-from gateway.adapters import AdapterResolver, VersionRef
 from gateway.errors import GatewayError
 from gateway.hop import Hop, TransferInputs, run_transfer
 from gateway.metrics import Metrics
-from gateway.registry import adapters as repo
+from gateway.registry import versions
 from gateway.registry.db import Database
+from gateway.resolver import AdapterResolver, VersionRef
 from gateway.settings import ShadowSettings
 from heterofold.errors import HeteroFoldError
 from heterofold.kv import KVCache
@@ -93,9 +93,9 @@ class ShadowEvaluator:
 
     def _store_sample(self, adapter_id: int, kl: float, top1: float) -> tuple[int, float, float]:
         with self.db.session() as session:
-            repo.record_shadow(session=session, adapter_id=adapter_id, kl=kl, top1=top1)
+            versions.record_shadow(session=session, adapter_id=adapter_id, kl=kl, top1=top1)
         with self.db.session() as session:
-            return repo.drift(session=session, adapter_id=adapter_id, window=self.settings.window)
+            return versions.drift(session=session, adapter_id=adapter_id, window=self.settings.window)
 
     async def _alert(self, adapter_id: int, version: str, n: int, kl: float, top1: float) -> None:
         self.metrics.drift_alerts.labels(version).inc()
@@ -114,4 +114,4 @@ class ShadowEvaluator:
 
     def _rollback(self, adapter_id: int, kl: float) -> None:
         with self.db.session() as session:
-            repo.rollback(session=session, adapter_id=adapter_id, actor="auto", reason=f"drift: mean KL {kl:.3f}")
+            versions.rollback(session=session, adapter_id=adapter_id, actor="auto", reason=f"drift: mean KL {kl:.3f}")

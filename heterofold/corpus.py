@@ -1,7 +1,9 @@
-"""Offline text read at run time: the docstrings of Python's standard library.
+"""Offline text read at run time: the docstrings of Python's standard library, and a user's corpus.
 
 No third-party text is committed; this is real English prose and code commentary that every
 Python installation carries, in a fixed module order so that the same Python gives the same text.
+``distill_contexts`` cuts runs of them for distillation; ``corpus_from_file`` cuts a user's text
+into chunks for fitting.
 """
 
 from __future__ import annotations
@@ -41,3 +43,32 @@ def stdlib_text(min_chars: int, *, start: int = 0) -> str:
         total += len(doc) + 2
         i += 1
     return "\n\n".join(parts)
+
+
+def distill_contexts(seed: int = 0, docs: int = 16, chars: int = 3600) -> list[str]:
+    """Contexts for distillation: runs of stdlib docstrings of about ``chars`` characters, from
+    the far end of the docstring list (the eval haystack draws from all of it at random)."""
+    stdlib = stdlib_docstrings()
+    texts = []
+    for i in range(docs):
+        start = (len(stdlib) - 1 - (seed * 7919 + i * 37)) % len(stdlib)
+        parts: list[str] = []
+        while sum(len(p) + 2 for p in parts) < chars:
+            parts.append(stdlib[(start + len(parts)) % len(stdlib)])
+        texts.append("\n\n".join(parts)[:chars].rsplit(" ", 1)[0])
+    return texts
+
+
+def corpus_from_file(path: str, chunk_chars: int = 4000) -> list[str]:
+    """A user corpus: plain UTF-8 text cut at paragraph breaks into chunks of about ``chunk_chars``."""
+    with open(path, encoding="utf-8") as f:
+        paragraphs = [p for p in f.read().split("\n\n") if p.strip()]
+    texts, current = [], ""
+    for p in paragraphs:
+        current = f"{current}\n\n{p}" if current else p
+        if len(current) >= chunk_chars:
+            texts.append(current)
+            current = ""
+    if current:
+        texts.append(current)
+    return texts

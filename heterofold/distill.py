@@ -20,7 +20,7 @@ gate is a per-head attention temperature for mapped tokens, and the value gate s
 mapped token's value the head takes in. Both are diagonal per head, which a low-rank residual
 cannot express, and both fold into the map's columns. ``fold()`` returns plain affine
 ``LayerMap``s: applying a distilled adapter costs exactly what applying the ridge map does. This
-module is pure torch: the receiver's forward pass is the caller's (``engines.distill``).
+module is pure torch: the receiver's forward pass is the caller's (``harness.distill_on_engines``).
 """
 
 from __future__ import annotations

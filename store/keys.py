@@ -12,6 +12,11 @@ Layout under ``prefix`` (default ``hf``) and ``node`` (one store per node and da
 Payloads live in this node's tiers, so the index is per node: a replica never matches a handle
 whose bytes sit in another process's memory. ``scope`` is a digest, so the tenant salt never
 appears in Redis in clear. Every key carries a TTL; nothing here is ever found with KEYS or SCAN.
+
+Other Redis keys:
+
+    {prefix}:conv:...      the gateway's conversations (``gateway/conversations.py``)
+    {prefix}:hicache:...   SGLang HiCache pages and their geometry (``store/hicache/keys.py``)
 """
 
 from __future__ import annotations

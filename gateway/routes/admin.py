@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 from gateway.deps import AdminDep, DbDep, JobsDep, PoolDep, ResolverDep, SettingsDep, StoreDep
 from gateway.engine_pool import EnginePool
 from gateway.lifecycle import ACTIONS, change_status, in_session, is_stale, register_upload
-from gateway.registry import adapters as repo
+from gateway.registry import versions
 from gateway.registry.tables import AdapterRow
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
@@ -73,7 +73,7 @@ def _out(row: AdapterRow, pool: EnginePool) -> AdapterOut:
 
 @router.get("/models")
 async def models(db: DbDep, pool: PoolDep) -> list[dict[str, Any]]:
-    rows = await in_session(db, lambda s: repo.list_models(session=s))
+    rows = await in_session(db, lambda s: versions.list_models(session=s))
     current = pool.fingerprints
     return [{"name": r.name, "family": r.family, "fingerprint": r.fingerprint, "current": r.fingerprint in current}
             for r in rows]  # fmt: skip
@@ -81,7 +81,7 @@ async def models(db: DbDep, pool: PoolDep) -> list[dict[str, Any]]:
 
 @router.get("/adapters")
 async def list_adapters(db: DbDep, pool: PoolDep) -> list[AdapterOut]:
-    rows = await in_session(db, lambda s: repo.list_adapters(session=s))
+    rows = await in_session(db, lambda s: versions.list_adapters(session=s))
     return [_out(r, pool) for r in rows]
 
 
@@ -95,7 +95,7 @@ async def upload(
     return _out(row, pool)
 
 
-AdapterId = Annotated[int, PathParam(ge=1, le=repo.ROW_ID_MAX)]
+AdapterId = Annotated[int, PathParam(ge=1, le=versions.ROW_ID_MAX)]
 
 
 def _change(action: str) -> Callable[[int, DbDep, PoolDep, ResolverDep, StoreDep], Any]:
@@ -115,9 +115,9 @@ for _action in ACTIONS:
 
 @router.get("/audit")
 async def audit(
-    db: DbDep, adapter_id: Annotated[int | None, Query(ge=1, le=repo.ROW_ID_MAX)] = None
+    db: DbDep, adapter_id: Annotated[int | None, Query(ge=1, le=versions.ROW_ID_MAX)] = None
 ) -> list[dict[str, Any]]:
-    rows = await in_session(db, lambda s: repo.audit_log(session=s, adapter_id=adapter_id))
+    rows = await in_session(db, lambda s: versions.audit_log(session=s, adapter_id=adapter_id))
     return [
         {"id": r.id, "adapter_id": r.adapter_id, "action": r.action, "from": r.from_status, "to": r.to_status,
          "actor": r.actor, "detail": r.detail, "at": r.at.isoformat()}

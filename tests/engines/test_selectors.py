@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import torch
 
-from engines.evaluate import eval_hop
 from engines.selectors import (
     SELECTORS,
     Evidence,
@@ -22,6 +21,7 @@ from engines.selectors import (
     select,
 )
 from gateway.hop import quoted_last, quoted_messages
+from harness.evaluate import eval_hop
 from heterofold.align import shared_sections
 from heterofold.corpus import stdlib_text
 from heterofold.select import QUOTE_SEPARATOR, answer_recall

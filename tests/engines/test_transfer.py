@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-from engines.fitting import fit_direction
 from engines.local import LocalEngine
 from engines.queries import heads_first
 from engines.selectors import HopText
 from engines.transfer import transfer
+from harness.fit_on_engines import fit_direction
 from heterofold.adapter import Adapter, Side
 from heterofold.align import shared_sections
 from heterofold.corpus import stdlib_text

@@ -18,7 +18,6 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from engines.fitting import default_corpus, fit_direction
 from engines.local import LocalEngine
 from gateway.app import create_app
 from gateway.engine_pool import EnginePool, PooledEngine
@@ -33,6 +32,7 @@ from gateway.settings import (
     StoreSettings,
     TransferPolicy,
 )
+from harness.fit_on_engines import default_corpus, fit_direction
 from heterofold.adapter import Adapter
 from tests.migrations.conftest import database_url, postgres_url  # noqa: F401  (SQLite and PostgreSQL registries)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engines.local import LocalEngine
-from gateway.registry import adapters as repo
+from gateway.registry import versions
 from gateway.settings import StoreSettings
 from heterofold.adapter import Adapter, LayerMap, Side
 from store.redis_server import EmbeddedRedis
@@ -64,12 +64,12 @@ def test_adapter_for_other_fingerprints_falls_back_to_native(
     maps = [LayerMap(*(t.clone() for t in (m.k_weight, m.k_bias, m.v_weight, m.v_bias))) for m in identity.maps]
     sha = Adapter(identity.manifest, maps).save(folder)  # identity's layers share one tensor; saving needs copies
     with gateway.services.db.session() as session:  # registered as if it were smollm2 -> gemma3
-        row = repo.create_adapter(
+        row = versions.create_adapter(
             session=session, sender_name=smol.name, receiver_name=gemma.name, sender_fingerprint=smol.fingerprint,
             receiver_fingerprint=gemma.fingerprint, version="mislabelled", method="identity",
             artifact_path=str(folder), sha256=sha, metrics={}, actor="test",
         )  # fmt: skip
-        repo.promote(session=session, adapter_id=row.id, actor="test")
+        versions.promote(session=session, adapter_id=row.id, actor="test")
     hf = cross_hop(gateway, "conv-mismatch")
     assert hf["path"] == "native" and hf["fallback"] == "FingerprintMismatch"
     assert any(e["reason"] == "FingerprintMismatch" for e in fallback_events(gateway))

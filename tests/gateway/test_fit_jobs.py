@@ -7,7 +7,7 @@ cancels the other's jobs; a job whose replica is gone reads stale and is cancell
 one keeps its heartbeat through long fit steps and the retry backoff; bootstraps racing in two
 threads fit each direction once. Then the admin API and the dashboard of a real gateway cancel one.
 
-The fit itself (``engines.fitting.fit_direction``, minutes of CPU) is swapped for one that raises,
+The fit itself (``harness.fit_on_engines.fit_direction``, minutes of CPU) is swapped for one that raises,
 reports progress for as long as it is told, or returns a small random adapter of the right shapes:
 the job logic is under test, not fitting.
 """
@@ -33,16 +33,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from cli.gateway import fit_summary
 from engines.local import LocalEngine
 from gateway import jobs as jobs_module
-from gateway.adapters import AdapterResolver
 from gateway.background import Background
 from gateway.engine_pool import EnginePool
 from gateway.errors import Conflict, FitCancelled, NotFound
 from gateway.jobs import FitJobs, Job, bootstrap_id
 from gateway.metrics import Metrics
-from gateway.registry import adapters as repo
 from gateway.registry import db as registry_db
+from gateway.registry import versions
 from gateway.registry.db import Database
 from gateway.registry.tables import FitJobRow
+from gateway.resolver import AdapterResolver
 from gateway.settings import BootstrapSettings
 from heterofold.adapter import Adapter
 from store.events import EventLog
@@ -483,7 +483,7 @@ def test_two_bootstraps_racing_on_one_database_fit_each_direction_once_and_retak
         assert job.status == "done" and job.attempts == 1 and job.error is None
         assert job.replica in ("replica-c", "replica-d") and job.activate and job.adapter_id
     with c.db.session() as session:
-        active = {(r.sender_name, r.receiver_name) for r in repo.serving(session=session, statuses=("active",))}
+        active = {(r.sender_name, r.receiver_name) for r in versions.serving(session=session, statuses=("active",))}
     assert active == set(DIRECTIONS)
     assert replica("replica-e").bootstrap(method="kv-ridge", docs=2, max_tokens=64, order=DIRECTIONS) == []
 

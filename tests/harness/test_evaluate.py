@@ -6,8 +6,8 @@ import asyncio
 import pytest
 import torch
 
-from engines.evaluate import eval_hop, evaluate
 from engines.selectors import LEXICAL, Evidence, candidates, select
+from harness.evaluate import eval_hop, evaluate
 from heterofold.adapter import Adapter, Side
 from heterofold.corpus import stdlib_text
 from heterofold.select import elide
@@ -86,7 +86,7 @@ def test_evaluate_runs_every_path_and_the_identities_hold(load_engine) -> None: 
 
 @pytest.mark.parametrize("gates", [False, True])
 def test_distillation_steps_lower_the_answer_kl_of_a_noised_map(load_engine, gates: bool) -> None:  # type: ignore[no-untyped-def]
-    from engines.distill import build_docs, distill
+    from harness.distill_on_engines import build_docs, distill
     from heterofold.adapter import LayerMap
 
     engine = load_engine("smollm2-135m-instruct")

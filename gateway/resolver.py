@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.registry import adapters as repo
+from gateway.registry import versions
 from gateway.registry.db import Database
 from heterofold.adapter import MANIFEST, Adapter
 from heterofold.errors import AdapterError
@@ -85,7 +85,7 @@ class AdapterResolver:
                     r.artifact_path,
                     r.sha256,
                 )
-                for r in repo.serving(session=session)
+                for r in versions.serving(session=session)
             ]
 
     def invalidate(self) -> None:

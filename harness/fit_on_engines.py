@@ -6,9 +6,9 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 
-from engines.distill import build_docs, distill
 from engines.local import LocalEngine
 from engines.transfer import collect_pairs
+from harness.distill_on_engines import build_docs, distill
 from heterofold.adapter import Adapter, Side
 from heterofold.corpus import stdlib_docstrings
 from heterofold.fit import calibrate_adapter, fit_adapter, stack_pairs
@@ -20,7 +20,8 @@ FIT_SEED_OFFSET = 1000
 
 def default_corpus(seed: int = 0, docs: int = 16) -> list[str]:
     """Offline fit texts: half stdlib docstring runs, half generated long-context task contexts
-    (needles, facts, multi-turn hand-offs), all produced at fit time."""
+    (needles, facts, multi-turn hand-offs), all produced at fit time. (Not in ``heterofold.corpus``
+    with the other corpus helpers: it reads ``heterofold.suite``, which reads that module.)"""
     stdlib = stdlib_docstrings()
     texts = []
     step = max(len(stdlib) // max(docs // 2, 1), 1)
@@ -28,35 +29,6 @@ def default_corpus(seed: int = 0, docs: int = 16) -> list[str]:
         texts.append("\n\n".join(stdlib[(i * step) % len(stdlib) :][:14]))
     tasks = builtin_suite(seed=seed + FIT_SEED_OFFSET, lengths=(1024,), per_cell=1)
     texts += [t.context for t in tasks[: docs - len(texts)]]
-    return texts
-
-
-def distill_contexts(seed: int = 0, docs: int = 16, chars: int = 3600) -> list[str]:
-    """Contexts for distillation: runs of stdlib docstrings of about ``chars`` characters, from
-    the far end of the docstring list (the eval haystack draws from all of it at random)."""
-    stdlib = stdlib_docstrings()
-    texts = []
-    for i in range(docs):
-        start = (len(stdlib) - 1 - (seed * 7919 + i * 37)) % len(stdlib)
-        parts: list[str] = []
-        while sum(len(p) + 2 for p in parts) < chars:
-            parts.append(stdlib[(start + len(parts)) % len(stdlib)])
-        texts.append("\n\n".join(parts)[:chars].rsplit(" ", 1)[0])
-    return texts
-
-
-def corpus_from_file(path: str, chunk_chars: int = 4000) -> list[str]:
-    """A user corpus: plain UTF-8 text cut at paragraph breaks into chunks of about ``chunk_chars``."""
-    with open(path, encoding="utf-8") as f:
-        paragraphs = [p for p in f.read().split("\n\n") if p.strip()]
-    texts, current = [], ""
-    for p in paragraphs:
-        current = f"{current}\n\n{p}" if current else p
-        if len(current) >= chunk_chars:
-            texts.append(current)
-            current = ""
-    if current:
-        texts.append(current)
     return texts
 
 
@@ -75,7 +47,7 @@ async def distill_direction(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Adapter:
     """The ``distilled`` method: ``start`` (a fitted ridge map) distilled end to end through the
-    frozen receiver on ``contexts`` (``engines.distill``)."""
+    frozen receiver on ``contexts`` (``harness.distill_on_engines``)."""
     t0 = time.perf_counter()
     docs = await build_docs(sender, receiver, start, contexts, budgets=budgets, seed=seed, progress=progress)
     info = {

@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engines.base import SamplingParams
-from engines.evaluate import eval_hop
 from engines.hf_cache import import_kv
 from engines.local import LocalEngine
 from engines.selectors import LEXICAL, Evidence, candidates, select
+from harness.evaluate import eval_hop
 from heterofold.adapter import Adapter
 from heterofold.distill import DistillDoc, LowRankResidual, doc_features, kl_loss, split_docs
 from heterofold.kv import KVCache
