@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from engines.base import Engine
 from engines.selectors import SCOUT
 from engines.zoo import Zoo
+from gateway.accounting import TurnAccounting
 from gateway.auth import KeyRing
 from gateway.background import Background
 from gateway.chat import ChatService
@@ -101,10 +102,9 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
     shadow = ShadowEvaluator(settings=settings.shadow, db=db, resolver=resolver, store=store, metrics=metrics)
     requests = RequestLog(db, keep=settings.dashboard.requests_kept)
     recorder = TurnRecorder(store=store, conversations=conversations, metrics=metrics)
-    chat = ChatService(
-        settings=settings, pool=pool, planner=planner, recorder=recorder, shadow=shadow, resolver=resolver,
-        fallbacks=fallbacks, store=store, metrics=metrics, background=background, journal=requests,
-    )  # fmt: skip
+    accounting = TurnAccounting(recorder=recorder, shadow=shadow, resolver=resolver, store=store, metrics=metrics,
+                                background=background, journal=requests)  # fmt: skip
+    chat = ChatService(settings=settings, pool=pool, planner=planner, fallbacks=fallbacks, accounting=accounting)
     b = settings.bootstrap
     jobs = FitJobs(
         db=db, pool=pool, resolver=resolver, adapters_dir=settings.adapters_dir, background=background,
