@@ -253,7 +253,7 @@ class Settings(BaseSettings):
         return StoreConfig(
             data_dir=self.data_dir / "store",
             redis_url=s.redis_url,
-            node=s.node or data_dir_node(self.data_dir / "store"),
+            node=s.node or data_dir_node(self.data_dir),
             node_lease_s=s.node_lease_s,
             page_size=s.page_size,
             cpu_budget=s.cpu_budget_bytes,

@@ -31,7 +31,7 @@ import redis
 from store.connection import redis_errors
 from store.errors import NodeInUse
 
-NODE_FILE = "node"  # under a store's data_dir: the node name a gateway without store.node derived
+NODE_FILE = "node"  # under a gateway's data_dir: the node name it derived (no store.node set)
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +111,11 @@ class NodeLease:
 
 
 def data_dir_node(data_dir: Path) -> str:
-    """The node name of a store's data directory: read from ``data_dir/node``, or made up once as
-    ``{host}-{random}`` and written there. A node is the identity of its data directory (its SSD
-    tier), so a restart on the same directory finds its payloads again, and every replica with its
-    own directory gets its own node without configuring one."""
+    """The node name of a gateway's data directory (which holds its store: SSD tier, embedded
+    Redis): read from ``data_dir/node``, or made up once as ``{host}-{random}`` and written there.
+    A node is the identity of its data directory, so a restart on the same directory finds its
+    payloads again, and every replica with its own directory gets its own node without
+    configuring one."""
     path = data_dir / NODE_FILE
     if path.is_file():
         name = path.read_text().strip()

@@ -141,7 +141,7 @@ def wait_ready(*replicas: Replica, timeout_s: float = 300.0) -> None:
 
 
 def node_of(replica: Replica) -> str:
-    return (replica.data_dir / "store" / "node").read_text().strip()
+    return (replica.data_dir / "node").read_text().strip()
 
 
 def settle(*replicas: Replica) -> None:
