@@ -49,7 +49,10 @@ def run_main(config: Path | None = None) -> None:
         }
     )
     console.print(f"Loading {len(settings.engines)} engines and starting the gateway (data in {settings.data_dir})...")
-    asyncio.run(_run(settings, admin_key))
+    try:
+        asyncio.run(_run(settings, admin_key))
+    except KeyboardInterrupt:  # Ctrl-C: _run has said what the fits came to
+        console.print("Stopped.")
 
 
 async def _run(settings: Settings, admin_key: str) -> None:
@@ -66,20 +69,32 @@ async def _run(settings: Settings, admin_key: str) -> None:
     base = f"http://{settings.host}:{settings.port}"
     _print_urls(settings, base, admin_key)
     jobs = list(app.state.services.jobs.jobs.values())  # the bootstrap's, not fits started later
-    if jobs:
-        console.print(
-            f"Fitting {len(jobs)} adapter directions in the background (a few minutes each on a CPU). The gateway "
-            "serves native prefill meanwhile; each direction starts transferring KV once its adapter is active."
-        )
-        await _progress(jobs, serving)
-        ok = all(job.status == "done" for job in jobs)
-        tail = "" if serving.done() else " Ctrl-C stops the gateway."
-        console.print(fit_summary(jobs) + tail, style=None if ok else "yellow", markup=False)
-    else:
+    if not jobs:
         console.print(
             "Every direction already has an adapter, or a fit of it runs on another replica. Ctrl-C stops the gateway."
         )
-    await serving
+        await serving
+        return
+    console.print(
+        f"Fitting {len(jobs)} adapter directions in the background (a few minutes each on a CPU). The gateway "
+        "serves native prefill meanwhile; each direction starts transferring KV once its adapter is active."
+    )
+    said = False
+    try:
+        await _progress(jobs, serving)
+        _say(jobs, " Ctrl-C stops the gateway." if not serving.done() else "")
+        said = True
+        await serving
+    finally:  # also when Ctrl-C cancels this task: say what the fits came to, never more
+        if not said:
+            _say(jobs, "")
+        if serving.done() and not serving.cancelled():
+            serving.exception()  # uvicorn re-raises Ctrl-C in its task: retrieved, not "never retrieved"
+
+
+def _say(jobs: Sequence[Job], tail: str) -> None:
+    ok = all(job.status == "done" for job in jobs)
+    console.print(fit_summary(jobs) + tail, style=None if ok else "yellow", markup=False)
 
 
 def _print_urls(settings: Settings, base: str, admin_key: str) -> None:
