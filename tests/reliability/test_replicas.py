@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,8 +56,6 @@ class Replica:
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -145,11 +144,12 @@ def node_of(replica: Replica) -> str:
 
 
 def settle(*replicas: Replica) -> None:
-    """After-turn work (storing the turn's KV) runs in the background: wait until each replica has
-    stored every turn it answered (the kv.stored events carry the node)."""
+    """After-turn work (storing the turn's KV) runs in the background: wait until each replica's
+    ``heterofold_background_pending`` reads 0 (the task is spawned as the answer is sent, hence the
+    short wait first)."""
     time.sleep(0.5)
     for r in replicas:
-        eventually(lambda r=r: metric(r, "heterofold_background_pending") == 0, 60, f"{r.name} idle")  # type: ignore[misc]
+        eventually(lambda r=r: metric(r, "heterofold_background_pending") == 0, 60, f"{r.name} idle")
 
 
 def test_two_replicas_alternating_hops_answer_natively_and_one_killed_loses_nothing(
