@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from store.errors import StoreError
-from store.kv_store import TierUsage
+from store.node_tiers import TierUsage
 
 log = logging.getLogger(__name__)
 

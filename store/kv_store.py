@@ -21,56 +21,36 @@ Contract:
 - ``put`` never raises for lack of room or a failing disk: it returns outcome "skipped", an
   ``oom.alert`` is emitted, and the request goes on without caching.
 - One ``KVStore`` per node and data directory: payloads live in this process (CPU), in the
-  engines (device) and under ``data_dir/ssd``. The store holds the node's lease in Redis while it
-  is open (``store/lease.py``); a second live store on the same node and Redis fails to start
-  with ``NodeInUse``.
+  engines (device) and under ``data_dir/ssd``; ``store/node_tiers.py`` keeps them (tiers, pins,
+  promotion, reconciliation), this module indexes them. The store holds the node's lease in
+  Redis while it is open (``store/lease.py``); a second live store on the same node and Redis
+  fails to start with ``NodeInUse``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from threading import RLock
-from typing import NamedTuple
 
 from heterofold.kv import KVCache
 from store.config import StoreConfig
 from store.connection import connect
-from store.cpu_tier import CpuTier
 from store.device_cache import DeviceCache
-from store.device_tier import DeviceTier
-from store.errors import (
-    BadRequest,
-    PayloadCorrupt,
-    PayloadError,
-    PayloadMissing,
-    StoreError,
-    StoreUnavailable,
-    TierUnavailable,
-)
+from store.errors import BadRequest, PayloadCorrupt, PayloadError, PayloadMissing, StoreError, StoreUnavailable
 from store.events import EventLog
 from store.handle import HandleMeta, Match, PutResult
 from store.identity import Scope
 from store.index import Index
 from store.keys import Keys
 from store.lease import NodeLease
+from store.node_tiers import NodeTiers, TierUsage
 from store.payload import Payload
-from store.placer import Placer
 from store.redis_server import EmbeddedRedis
-from store.ssd_tier import SsdTier
-from store.tier import Tier
 
 log = logging.getLogger(__name__)
-
-
-class TierUsage(NamedTuple):
-    tier: str
-    used: int
-    budget: int
-    entries: int
 
 
 class KVStore:
@@ -81,7 +61,6 @@ class KVStore:
         self.config = config
         self.clock = clock
         self._lock = RLock()
-        self._pins: Counter[str] = Counter()
         self._reconciled = False
         self._late = False  # started without Redis: say so when it answers
         keys = Keys(config.key_prefix, config.node)  # validated before a server is started
@@ -92,17 +71,7 @@ class KVStore:
         self.events = EventLog(self.client, keys.events, config.node, config.events_maxlen, config.ttl_s)
         self.lease = NodeLease(self.client, keys.owner, config.node, config.node_lease_s)
         try:
-            tiers: list[Tier] = [DeviceTier(d, config.device_budget) for d in devices]
-            self.cpu = CpuTier(config.cpu_budget)
-            tiers.append(self.cpu)
-            self.ssd: SsdTier | None = None
-            try:
-                self.ssd = SsdTier(config.data_dir / "ssd", config.ssd_budget, config.ssd_fsync)
-                tiers.append(self.ssd)
-            except TierUnavailable as exc:
-                self.events.emit_quietly("oom.alert", clock(), reason="tier_unavailable", tier="ssd", detail=str(exc))
-            self.tiers = tiers
-            self.placer = Placer(tiers, self.index, self.events, self.is_pinned, clock, config.high_water)
+            self.tiers = NodeTiers(config, devices, self.index, self.events, clock)
             try:
                 self._connect()
             except StoreUnavailable as exc:
@@ -160,10 +129,7 @@ class KVStore:
             self._connect()
             if self.index.exists(handle_id):
                 return PutResult(handle_id, "exists", None, indexed, "")
-            for tier in self.tiers:
-                tier.delete(handle_id)  # a payload the index lost (a Redis restart without its data)
-            payload = Payload(kv)
-            placed = self.placer.place(handle_id, payload, self.placer.chain(payload), alert_no_space=True)
+            placed = self.tiers.place_new(handle_id, Payload(kv))
             if placed is None:
                 return PutResult(handle_id, "skipped", None, 0, "no tier has room, even after eviction")
             tier, stored = placed
@@ -184,14 +150,14 @@ class KVStore:
             if not registered:
                 tier.delete(handle_id)
                 return PutResult(handle_id, "exists", None, indexed, "")
-            self._publish_usage()
+            self.tiers.publish_usage()
             return PutResult(handle_id, "stored", tier.name, indexed, "")
 
     def load(self, match: Match, promote: bool = True) -> KVCache:
         """The value for the matched prefix. A hit is counted, and with ``promote`` the payload
         moves to the fastest tier with room. The value is never mutated by the store."""
         with self._lock:
-            meta, tier = self._locate(match.meta)
+            meta, tier = self.tiers.locate(match.meta)
             try:
                 if tier is None:
                     raise PayloadMissing(f"no tier on this node holds {meta.handle_id} ({meta.location})")
@@ -200,7 +166,7 @@ class KVStore:
                 self.index.remove(meta.handle_id)
                 reason = "corrupt" if isinstance(exc, PayloadCorrupt) else "missing"
                 self.events.emit("kv.evicted", self.clock(), handle=meta.handle_id, tier=meta.tier, reason=reason)
-                self._publish_usage()
+                self.tiers.publish_usage()
                 raise
             now = self.clock()
             event = self.events.entry(
@@ -208,7 +174,7 @@ class KVStore:
             )
             self.index.touch(meta, now, event, self.config.events_maxlen)
             if promote:
-                self._promote(meta.handle_id, tier, payload)
+                self.tiers.promote(meta.handle_id, tier, payload)
         kv = payload.kv
         return kv if match.tokens == kv.num_tokens else kv.truncate(match.tokens)
 
@@ -216,79 +182,30 @@ class KVStore:
     def checkout(self, match: Match) -> Iterator[KVCache]:
         """``load`` with the handle pinned while the block runs; promotion waits until it ends so
         that a hit never pays for moving other values out of the way."""
-        self.pin(match.meta.handle_id)
+        self.tiers.pin(match.meta.handle_id)
         try:
             yield self.load(match, promote=False)
         finally:
-            self.unpin(match.meta.handle_id)
+            self.tiers.unpin(match.meta.handle_id)
         with self._lock:
-            meta, tier = self._locate(match.meta)
+            meta, tier = self.tiers.locate(match.meta)
             if tier is not None:
                 with suppress(PayloadError):  # promotion is best effort; the next load reports the payload
-                    self._promote(meta.handle_id, tier, tier.get(meta.handle_id, meta.checksum))
-
-    def pin(self, handle_id: str) -> None:
-        """Keep a handle where it is (never demoted or evicted) until as many ``unpin`` calls."""
-        with self._lock:
-            self._pins[handle_id] += 1
-
-    def unpin(self, handle_id: str) -> None:
-        with self._lock:
-            self._pins[handle_id] -= 1
-            if self._pins[handle_id] <= 0:
-                del self._pins[handle_id]
-
-    def is_pinned(self, handle_id: str) -> bool:
-        return self._pins[handle_id] > 0
+                    self.tiers.promote(meta.handle_id, tier, tier.get(meta.handle_id, meta.checksum))
 
     def prefill_saved(self, scope: Scope, tokens: int, **fields: object) -> None:
         """Record prefill the caller skipped thanks to a hit (for the dashboard's savings)."""
         self.events.emit("prefill.saved", self.clock(), fingerprint=scope.fingerprint, tokens=tokens, **fields)
 
     def check_engines(self) -> None:
-        """Raise an ``oom.alert`` for each engine that has started reporting memory pressure since
-        the last check (call it periodically; placement notices pressure too)."""
+        """An ``oom.alert`` for each engine that started reporting memory pressure since the last
+        check (call it periodically; placement notices pressure too)."""
         with self._lock:
-            for tier in self.tiers:
-                if isinstance(tier, DeviceTier):
-                    engine = f"engine {tier.cache.fingerprint[:16]}"
-                    self.placer.engine_pressure(tier, tier.cache.memory().pressure, engine)
+            self.tiers.check_engines()
 
     def usage(self) -> list[TierUsage]:
         with self._lock:
-            return [TierUsage(t.name, t.used, t.budget, len(t.entries())) for t in self.tiers]
-
-    def _locate(self, meta: HandleMeta) -> tuple[HandleMeta, Tier | None]:
-        """The handle's current metadata and the tier holding it: a match's metadata may predate
-        a demotion or promotion, so it is read again when its tier does not hold the handle."""
-        tier = self._tier_of(meta)
-        if tier is not None and meta.handle_id in tier:
-            return meta, tier
-        fresh = self.index.get(meta.handle_id)
-        if fresh is None:
-            return meta, None
-        tier = self._tier_of(fresh)
-        return fresh, tier if tier is not None and fresh.handle_id in tier else None
-
-    def _tier_of(self, meta: HandleMeta) -> Tier | None:
-        for tier in self.tiers:
-            if tier.name == meta.tier and (not isinstance(tier, DeviceTier) or tier.location == meta.location):
-                return tier
-        return None
-
-    def _promote(self, handle_id: str, tier: Tier, payload: Payload) -> None:
-        chain = self.placer.chain(payload)
-        higher = chain[: chain.index(tier)] if tier in chain else []
-        placed = self.placer.place(handle_id, payload, higher, alert_no_space=False) if higher else None
-        if placed is None:
-            return
-        new_tier, stored = placed
-        if self.index.retier(handle_id, new_tier.name, stored.location, stored.checksum):
-            tier.delete(handle_id)
-            self.events.emit("kv.promoted", self.clock(), handle=handle_id, tier=new_tier.name, **{"from": tier.name})
-        else:
-            new_tier.delete(handle_id)
-        self._publish_usage()
+            return self.tiers.usage()
 
     def _connect(self) -> None:
         """Reconcile once, the first time Redis answers. Raises ``StoreUnavailable`` until then."""
@@ -298,26 +215,7 @@ class KVStore:
             if not self._reconciled:
                 self.index.ping()
                 self.lease.acquire()  # another live process on this node would lose its index here
-                self._reconcile()
+                self.tiers.reconcile()
                 self._reconciled = True
                 if self._late:
                     log.warning("Redis reachable: the store is connected")
-
-    def _reconcile(self) -> None:
-        """At start: drop handles whose payload this node no longer holds (memory tiers of an
-        earlier process, a lost file) and payloads no handle names (a crash before indexing)."""
-        valid: set[tuple[str, str]] = set()
-        for meta in self.index.handles():
-            tier = self._tier_of(meta)
-            if tier is not None and meta.handle_id in tier:
-                valid.add((tier.name, meta.handle_id))
-            else:
-                self.index.remove(meta.handle_id)
-        for tier in self.tiers:
-            for handle_id in tier.entries():
-                if (tier.name, handle_id) not in valid:
-                    tier.delete(handle_id)
-        self._publish_usage()
-
-    def _publish_usage(self) -> None:
-        self.index.set_usage({t.name: t.used for t in self.tiers})

@@ -172,7 +172,7 @@ def test_unwritable_ssd_directory_skips_caching_with_an_alert_and_recovers(
     serve: Callable[..., Gateway],
 ) -> None:
     gw = serve(store=ONLY_SSD)
-    ssd = gw.services.store.ssd
+    ssd = gw.services.store.tiers.ssd
     assert ssd is not None
     first = opening(30)
     reply = native(gw, "executor", first)
@@ -229,7 +229,7 @@ def test_corrupt_or_planted_ssd_payload_is_dropped_and_never_changes_an_answer(
     serve: Callable[..., Gateway],
 ) -> None:
     gw = serve(store=ONLY_SSD)
-    ssd = gw.services.store.ssd
+    ssd = gw.services.store.tiers.ssd
     assert ssd is not None
     first = opening(50)
     reply = answer(chat(gw, "executor", first, "conv-c"))[0]
@@ -388,8 +388,8 @@ def test_payload_that_fits_no_tier_is_skipped_with_an_oom_alert_and_caching_resu
     answer(chat(gw, "executor", opening(70), "conv-a"))
     gw.settle()
     held = latest_handle(gw)
-    assert budget / 2 < store.cpu.used <= budget
-    store.pin(held)  # a long checkout of conv-a's value: it cannot be evicted to make room
+    assert budget / 2 < store.tiers.cpu.used <= budget
+    store.tiers.pin(held)  # a long checkout of conv-a's value: it cannot be evicted to make room
     try:
         first = opening(71)
         reply = answer(chat(gw, "executor", first, "conv-b"))[0]
@@ -397,15 +397,15 @@ def test_payload_that_fits_no_tier_is_skipped_with_an_oom_alert_and_caching_resu
         assert metric(gw, 'heterofold_kv_puts_total{outcome="skipped"}') == 1
         assert any(e["reason"] == "no_space" for e in events(gw, "oom.alert"))
         eventually(lambda: metric(gw, 'heterofold_oom_alerts_total{reason="no_space"}') == 1)
-        assert store.cpu.used <= budget
+        assert store.tiers.cpu.used <= budget
     finally:
-        store.unpin(held)
+        store.tiers.unpin(held)
     second = then(first, reply, "Name one function it mentions.")
     text, hf, cached = answer(chat(gw, "executor", second, "conv-b"))
     assert hf["path"] == "native" and cached == 0 and text == native(gw, "executor", second)
     gw.settle()  # now conv-a's value is evicted to make room
     assert any(e["handle"] == held and e["reason"] == "budget" for e in events(gw, "kv.evicted"))
-    assert store.cpu.used <= budget
+    assert store.tiers.cpu.used <= budget
     hop_reuses_prefix(gw, "executor", then(second, text, "Shorter, please."), "conv-b")
 
 

@@ -136,8 +136,8 @@ def test_value_that_fits_nowhere_is_skipped_with_an_oom_alert(open_store: Callab
     store = open_store(cpu_budget=2 * SIZE, ssd_budget=0)
     scope = store.scope(FP, "t")
     store.put(scope, make_kv(tokens(0)))
-    store.pin(store.put(scope, make_kv(tokens(1), seed=1)).handle_id)
-    store.pin(store.lookup(scope, tokens(0)).meta.handle_id)  # type: ignore[union-attr]
+    store.tiers.pin(store.put(scope, make_kv(tokens(1), seed=1)).handle_id)
+    store.tiers.pin(store.lookup(scope, tokens(0)).meta.handle_id)  # type: ignore[union-attr]
     result = store.put(scope, make_kv(tokens(2), seed=2))  # both slots pinned: no room after eviction
     assert (result.outcome, result.tier) == ("skipped", None)
     huge = store.put(scope, make_kv(list(range(64))))  # larger than every budget

@@ -97,13 +97,13 @@ def test_redis_restart_in_the_middle_of_a_put(
     scope = store.scope(FP, "t")
     kv_a, kv_b = make_kv(A), make_kv(B, seed=1)
     store.put(scope, kv_a)
-    place_in_cpu = store.cpu.put
+    place_in_cpu = store.tiers.cpu.put
 
     def redis_dies_while_placing(handle_id: str, payload: Payload) -> Stored:
         server.stop()  # after the lookup for an existing handle, before the handle is indexed
         return place_in_cpu(handle_id, payload)
 
-    monkeypatch.setattr(store.cpu, "put", redis_dies_while_placing)
+    monkeypatch.setattr(store.tiers.cpu, "put", redis_dies_while_placing)
     with pytest.raises(StoreUnavailable):
         store.put(scope, kv_b)
     monkeypatch.undo()
