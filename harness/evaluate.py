@@ -168,7 +168,7 @@ async def evaluate(
     recalls: dict[str, dict[str, list[Any]]] = {}  # budget -> [(kind, answer hit, sentence hit, ms)]
     lengths: dict[str, list[int]] = {}  # native answer tokens per metric
     for n, item in enumerate(items):
-        ev = _ItemRun(sender, receiver, item, max_tokens if item.metric == "answer" else fidelity_tokens, tail)
+        ev = ItemRun(sender, receiver, item, max_tokens if item.metric == "answer" else fidelity_tokens, tail)
         await ev.native(stats)
         lengths.setdefault(item.metric, []).append(len(ev.answer))
         if "no_context" in wanted:
@@ -198,7 +198,7 @@ async def evaluate(
     return report
 
 
-class _ItemRun:
+class ItemRun:
     """One item through every path; ``stats`` collects a ``Score`` per path."""
 
     def __init__(self, sender: LocalEngine, receiver: LocalEngine, item: TaskItem, max_tokens: int, tail: int) -> None:
@@ -222,7 +222,7 @@ class _ItemRun:
             score.kl = mean_kl(ref[:-1], rows[:-1])
         stats.setdefault(path, PathStats()).scores[item.id] = score
 
-    async def _run(
+    async def run_path(
         self, stats: dict[str, PathStats], path: str, ids: list[int], past: KVCache | None, extra_ms: float
     ) -> None:
         out = await self.receiver.complete(ids, self.greedy, past=past)
@@ -240,7 +240,7 @@ class _ItemRun:
 
     async def no_context(self, stats: dict[str, PathStats]) -> None:
         ids = list(self.receiver.encode(receiver_prompt(self.receiver, f"Question: {self.item.question}")).ids)
-        await self._run(stats, "no_context", ids, None, 0.0)
+        await self.run_path(stats, "no_context", ids, None, 0.0)
 
     async def sender_alone(self, stats: dict[str, PathStats]) -> None:
         s_ids = self.sender.encode(
@@ -290,7 +290,7 @@ class _ItemRun:
         ids = list(
             self.receiver.encode(receiver_prompt(self.receiver, f"{quoted}\n\nQuestion: {self.item.question}")).ids
         )
-        await self._run(stats, f"quote@{b:g}", ids, None, select_ms)
+        await self.run_path(stats, f"quote@{b:g}", ids, None, select_ms)
 
     async def recompute_only(self, stats: dict[str, PathStats], b: float) -> None:
         sel = await self.chosen(b)
@@ -300,7 +300,7 @@ class _ItemRun:
         kv = await self.receiver.prefill_at([self.r_ids[j] for j in kept], kept)
         prefill_ms = (time.perf_counter() - t0) * 1000
         ids = [self.r_ids[j] for j in kept] + self.r_ids[self.prefix :]
-        await self._run(stats, f"recompute_only@{b:g}", ids, kv, sel.ms + prefill_ms)
+        await self.run_path(stats, f"recompute_only@{b:g}", ids, kv, sel.ms + prefill_ms)
 
     async def mapped_quote(self, stats: dict[str, PathStats], name: str, adapter: Adapter, b: float) -> None:
         quoted, select_ms = await self.quoted(b)
@@ -311,12 +311,12 @@ class _ItemRun:
         hop = replace(self.hop, receiver_text=text, receiver_ids=enc.ids, receiver_offsets=enc.offsets,
                       sections=shared_sections(self.hop.sender_text, text, [item.context]))  # fmt: skip
         tr = await transfer(adapter, hop, self.receiver, tail=self.tail)
-        await self._run(stats, f"{name}+quote@{b:g}", ids, tr.kv, select_ms + tr.total_ms)
+        await self.run_path(stats, f"{name}+quote@{b:g}", ids, tr.kv, select_ms + tr.total_ms)
 
     async def mapped(self, stats: dict[str, PathStats], name: str, adapter: Adapter, b: float) -> None:
         sel = await self.chosen(b) if b > 0 else Selection([], 0.0)
         tr = await transfer(adapter, self.hop, self.receiver, selection=sel, tail=self.tail)
-        await self._run(stats, f"{name}@{b:g}", self.r_ids, tr.kv, sel.ms + tr.total_ms)
+        await self.run_path(stats, f"{name}@{b:g}", self.r_ids, tr.kv, sel.ms + tr.total_ms)
 
 
 def _recall_summary(recalls: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:

@@ -1,0 +1,143 @@
+"""Probe: an additive attention-logit bias on the mapped (not recomputed) context tokens.
+
+    python -m bench.mapped_bias SENDER RECEIVER ADAPTER [--betas 0,-1,-3,-30] [--budget 0.02] [--json OUT]
+
+Every receiver pass after the transfer (the suffix's prefill, greedy decoding, the teacher-forced
+scoring) adds ``beta`` to the attention logits of every mapped context position, in every layer
+and head: the mapped tokens' attention weights are multiplied by ``exp(beta)`` before the softmax
+renormalizes. ``beta = 0`` is the served map + recompute path; ``beta -> -inf`` lets the question
+see only the natively recomputed tokens (which were themselves computed over the mapped ones).
+It asks whether the mapped background dilutes the receiver's attention away from the recomputed
+answer sentence, and whether a fixed down-weighting buys look-up accuracy without losing what
+the map carries on whole-context prompts.
+
+Not a product path: the bias lives in this process only (it replaces the ``sdpa`` attention
+function of transformers while it runs). On the builtin suite at 1024 tokens, every item, the
+same selection (the gateway's default selector and tail window) for every row, plus native,
+quote and the map with the spans quoted on the same items.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from engines.local import LocalEngine
+from engines.selectors import make_selector
+from engines.transfer import transfer
+from gateway.settings import RoleSettings, TransferPolicy
+from harness.evaluate import ItemRun, PathStats
+from heterofold.adapter import Adapter
+from heterofold.suite import builtin_suite
+
+_bias: list[torch.Tensor | None] = [None]  # per key position of the imported prefix; read on the engine's thread
+
+
+def _biased_sdpa(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, **kwargs: Any,
+) -> tuple[torch.Tensor, None]:  # fmt: skip
+    """SDPA with ``_bias`` added to the logits of the first ``len(bias)`` key columns."""
+    bias = _bias[0]
+    if bias is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    q_len, k_len, dtype = query.shape[2], key.shape[2], query.dtype
+    low = torch.finfo(dtype).min
+    if attention_mask is None:  # no mask: causal over the new rows (one row when decoding)
+        rows, cols = torch.arange(q_len)[:, None], torch.arange(k_len)[None, :]
+        base = torch.zeros(q_len, k_len, dtype=dtype).masked_fill_(cols > k_len - q_len + rows, low)[None, None]
+    elif attention_mask.dtype == torch.bool:
+        base = torch.zeros(attention_mask.shape, dtype=dtype).masked_fill_(~attention_mask, low)
+    else:
+        base = attention_mask.to(dtype)
+    add = torch.zeros(k_len, dtype=dtype)
+    n = min(bias.shape[0], k_len)
+    add[:n] = bias[:n].to(dtype)
+    mask = (base + add.to(base.device)).clamp_min(low)
+    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+
+
+async def probe(
+    sender: LocalEngine, receiver: LocalEngine, adapter: Adapter, betas: list[float], budget: float, every: int
+) -> dict[str, Any]:
+    AttentionInterface.register("sdpa", _biased_sdpa)
+    policy, tail = TransferPolicy(), RoleSettings(engine="-").tail_window
+    chooser = make_selector(policy.selector)
+    items = builtin_suite(lengths=(1024,), per_cell=1)[::every]
+    stats: dict[str, PathStats] = {}
+    for n, item in enumerate(items):
+        run = ItemRun(sender, receiver, item, 24 if item.metric == "answer" else 64, tail)
+        await run.native(stats)
+        await run.prepare_transfer(chooser, adapter, None)
+        await run.quote(stats, budget)
+        await run.mapped_quote(stats, "map", adapter, budget)
+        sel = await run.chosen(budget)
+        tr = await transfer(adapter, run.hop, receiver, selection=sel, tail=tail)
+        native = set(sel.positions) | set(run.unaligned) | set(range(max(run.prefix - tail, 0), run.prefix))
+        mapped = torch.tensor([j not in native for j in range(tr.kv.num_tokens)])
+        for beta in betas:
+            _bias[0] = torch.where(mapped, beta, 0.0) if beta else None
+            try:
+                await run.run_path(stats, f"map@{budget:g} beta={beta:g}", run.r_ids, tr.kv, sel.ms + tr.total_ms)
+            finally:
+                _bias[0] = None
+        print(f"items {n + 1}/{len(items)} ({item.kind})", flush=True)
+    return {"selector": policy.selector, "budget": budget, "tail": tail, "items": len(items),
+            "paths": {path: _summary(st) for path, st in stats.items()}}  # fmt: skip
+
+
+def _summary(stats: PathStats) -> dict[str, Any]:
+    scores = list(stats.scores.values())
+    answer = [s for s in scores if s.correct is not None]
+    whole = [s for s in scores if s.correct is None and s.kl is not None]
+    kinds: dict[str, list[float]] = {}
+    for s in answer:
+        kinds.setdefault(s.kind, []).append(float(bool(s.correct)))
+    return {
+        "answer_accuracy": round(statistics.mean(float(bool(s.correct)) for s in answer), 3) if answer else None,
+        "answer_items": len(answer),
+        "by_kind": {k: round(statistics.mean(v), 2) for k, v in sorted(kinds.items())},
+        "whole_context_kl": round(statistics.mean(s.kl for s in whole if s.kl is not None), 4) if whole else None,
+        "whole_context_top1": round(statistics.mean(s.top1 for s in whole if s.top1 is not None), 3) if whole else None,
+        "whole_context_items": len(whole),
+        "per_item": {k: [s.correct, s.kl] for k, s in stats.scores.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sender")
+    ap.add_argument("receiver")
+    ap.add_argument("adapter", type=Path, help="the adapter folder (e.g. a distilled map)")
+    ap.add_argument("--betas", default="0,-1,-3,-30")
+    ap.add_argument("--budget", type=float, default=0.02)
+    ap.add_argument("--every", type=int, default=1, help="every n-th builtin item")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    s, r = LocalEngine.from_zoo(args.sender), LocalEngine.from_zoo(args.receiver)
+    adapter = Adapter.load(args.adapter, sender_fingerprint=s.spec.fingerprint, receiver_fingerprint=r.spec.fingerprint)
+    betas = [float(b) for b in args.betas.split(",")]
+    result = asyncio.run(probe(s, r, adapter, betas, args.budget, args.every))
+    print(f"{args.sender} -> {args.receiver}, {result['items']} items, selector {result['selector']}")
+    print(f"{'path':26s} {'answer acc':>10s} {'whole KL':>9s} {'top-1':>6s}  by kind")
+    for path, row in result["paths"].items():
+        kl, top1 = row["whole_context_kl"], row["whole_context_top1"]
+        kinds = " ".join(f"{k}={v:g}" for k, v in row["by_kind"].items())
+        print(f"{path:26s} {row['answer_accuracy']:>10.3f} {kl if kl is not None else '-':>9} "
+              f"{top1 if top1 is not None else '-':>6}  {kinds}")  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
