@@ -221,6 +221,9 @@ class HopPlanner:
             raise
         except FALLBACK_ERRORS as exc:
             return replace(best, fallback=self.fallbacks.record("transfer", exc, hop.role))
+        except Exception as exc:  # a defect in the transfer path: logged with its traceback, answered natively
+            log.exception("transfer path failed for role %s", hop.role)
+            return replace(best, fallback=self.fallbacks.record("transfer", exc, hop.role))
         if planned is not None and (planned.prompt is not None or planned.cached_tokens > best.cached_tokens):
             return planned
         return replace(best, inputs=inputs)
@@ -267,10 +270,13 @@ class HopPlanner:
         prompt = None
         if path == "map_quote":
             selection = await select(hop.selector, self.evidence(hop, inputs), hop.policy.recompute_budget)
-            prompt = hop_prompt(hop, [*hop.messages[:-1], quoted_last(hop, selection.positions)])
+            last, head = quoted_last(hop, inputs.sections, selection.positions)
+            prompt = hop_prompt(hop, [*hop.messages[:-1], last])
             q_hop = replace(hop, text=prompt.text, ids=prompt.ids, offsets=prompt.offsets)
-            q_inputs = replace(inputs, sections=shared_sections(inputs.sender.text, prompt.text, hop.contents[:-1]))
-            result = await run_transfer(adapter, q_hop, q_inputs, budget=0.0)
+            sections = shared_sections(inputs.sender.text, prompt.text, [*hop.contents[:-1], head])
+            if not sections:  # nothing shared before the quote: nothing to map
+                return None
+            result = await run_transfer(adapter, q_hop, replace(inputs, sections=sections), budget=0.0)
             result = replace(result, select_ms=selection.ms)
         else:
             result = await run_transfer(adapter, hop, inputs, sender=self.engines(inputs.pair[0]), scout=self.scout)
@@ -327,12 +333,19 @@ def hop_prompt(hop: Hop, messages: Sequence[dict[str, str]]) -> Prompt:
     return Prompt(text, enc.ids, enc.offsets)
 
 
-def quoted_last(hop: Hop, positions: Sequence[int]) -> dict[str, str]:
-    """The new message with the chosen spans quoted at its head (the ``map_quote`` path)."""
+def quoted_last(hop: Hop, sections: Sequence[Section], positions: Sequence[int]) -> tuple[dict[str, str], str]:
+    """The new message with the chosen spans quoted (the ``map_quote`` path) after the shared text
+    it carries itself (a document pasted with the question), else at its head; and the part of
+    the message before the quote, the only part of it whose KV may be mapped."""
     quote = elide(hop.text, [hop.offsets[j] for j in positions])
     last = dict(hop.messages[-1])
-    last["content"] = f"{quote}\n\n{last['content']}" if quote else last["content"]
-    return last
+    content = last["content"]
+    start = hop.text.rfind(content) if content else -1
+    ends = [s.receiver_start + s.length - start for s in sections if start >= 0 and s.receiver_start >= start]
+    cut = max((e for e in ends if e <= len(content)), default=0)
+    if quote:
+        last["content"] = f"{content[:cut]}\n\n{quote}\n\n{content[cut:].lstrip()}" if cut else f"{quote}\n\n{content}"
+    return last, content[:cut]
 
 
 def quoted_messages(hop: Hop, sections: Sequence[Section], positions: Sequence[int]) -> list[dict[str, str]]:

@@ -132,9 +132,21 @@ def test_quote_paths_rewrite_only_the_shared_text() -> None:
     out = quoted_messages(hop, sections, chosen)
     assert out[0] == messages[0] and out[2] == messages[2]  # system prompt and new message whole
     assert out[1]["content"] == "Second paragraph: the pass key is 48213."
-    last = quoted_last(hop, chosen)
-    assert last["content"].endswith("What is the pass key?") and "48213" in last["content"]
+    last, head = quoted_last(hop, sections, chosen)  # the new message shares nothing: the quote at its head
+    assert last["content"].endswith("What is the pass key?") and "48213" in last["content"] and head == ""
     assert quoted_messages(hop, sections, [])[1]["content"] == QUOTE_SEPARATOR.strip()
+
+    # the document pasted into the new message itself: the quote goes after it, before the question
+    pasted = [messages[0], {"role": "user", "content": f"{doc}\n\nWhat is the pass key?"}]
+    hop.text = Plain().render(pasted)
+    hop.offsets = [(m.start(), m.end()) for m in re.finditer(r"\S+", hop.text)]
+    hop.messages = pasted
+    second = hop.text.index("Second")
+    chosen = [j for j, (a, b) in enumerate(hop.offsets) if a >= second and b <= hop.text.index("48213.") + 6]
+    last, head = quoted_last(hop, shared_sections(hop.text, hop.text, [pasted[1]["content"]]), chosen)
+    assert head == doc
+    quote, question = last["content"].removeprefix(doc).split("\n\n")[1:]
+    assert last["content"].startswith(doc) and "48213" in quote and question == "What is the pass key?"
 
 
 def test_bench_selectors_reports_recall_time_and_quote_accuracy_per_selector(load_engine: Any) -> None:

@@ -73,3 +73,20 @@ def test_adapter_for_other_fingerprints_falls_back_to_native(
     hf = cross_hop(gateway, "conv-mismatch")
     assert hf["path"] == "native" and hf["fallback"] == "FingerprintMismatch"
     assert any(e["reason"] == "FingerprintMismatch" for e in fallback_events(gateway))
+
+
+def test_a_defect_inside_the_transfer_path_answers_natively_and_is_recorded(
+    gateway: Gateway, fitted_adapter: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not one of the expected failures (store, method, engine, registry): a bug, here an
+    IndexError raised where the map runs. The request still answers, natively, and says why."""
+
+    async def broken(*args: object, **kwargs: object) -> object:
+        raise IndexError("list index out of range")
+
+    upload(gateway, fitted_adapter)
+    monkeypatch.setattr("gateway.hop.transfer", broken)
+    hf = cross_hop(gateway, "conv-defect")
+    assert hf["path"] == "native" and hf["fallback"] == "IndexError"
+    assert any(e["reason"] == "IndexError" and e["stage"] == "transfer" for e in fallback_events(gateway))
+    assert any(r.levelname == "ERROR" and "transfer path failed" in r.getMessage() for r in caplog.records)

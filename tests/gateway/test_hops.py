@@ -1,13 +1,16 @@
 """The hop decision on real models: same-model prefix reuse, identity transfer between roles on one
-model, cross-family transfer through the active adapter, and native when nothing serves."""
+model, cross-family transfer through the active adapter (map + recompute, and the map with the
+chosen spans quoted), and native when nothing serves."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.gateway.conftest import Gateway
+from tests.gateway.conftest import Gateway, make_settings
 from tests.gateway.helpers import CONTEXT, ask, upload
 
 pytestmark = pytest.mark.models
@@ -53,3 +56,45 @@ def test_hop_without_an_adapter_for_the_pair_prefills_natively(gateway: Gateway)
     gateway.settle()
     _, hf, cached = ask(gateway, "summarizer", [{"role": "user", "content": f"{CONTEXT}\n\nSummarize."}], "conv-none")
     assert hf["path"] == "native" and cached == 0 and hf["fallback"] is None
+
+
+def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
+    start_gateway: Callable[..., Gateway], fitted_adapter: Path
+) -> None:
+    """Two gemma3 roles on the same hop: ``critic`` on the default path (map + recompute of the
+    chosen tokens), ``summarizer`` on ``map_quote`` (the map, and the chosen spans as text)."""
+    roles = make_settings(Path("unused")).roles
+    summarizer = roles["summarizer"]
+    roles["critic"] = summarizer
+    roles["summarizer"] = summarizer.model_copy(
+        update={"policy": summarizer.policy.model_copy(update={"path": "map_quote"})}
+    )
+    gateway = start_gateway(roles=roles)
+    upload(gateway, fitted_adapter)
+    question = [{"role": "user", "content": f"{CONTEXT}\n\nSummarize."}]
+
+    def hop(role: str, conversation: str) -> tuple[Any, int, int]:
+        if conversation != "alone":
+            ask(gateway, "executor", [{"role": "user", "content": CONTEXT}], conversation)
+            gateway.settle()
+        reply = gateway.agent(role).chat.completions.create(
+            model=role,
+            messages=question,  # type: ignore[arg-type]
+            extra_headers={"X-Conversation-Id": conversation},
+        )
+        assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+        details = reply.usage.prompt_tokens_details
+        return (reply.usage.model_extra or {})["heterofold"], reply.usage.prompt_tokens, details.cached_tokens or 0
+
+    alone, native_tokens, _ = hop("summarizer", "alone")  # no earlier turn: native, the request's own prompt
+    assert alone["path"] == "native"
+    transferred, transfer_tokens, _ = hop("critic", "conv-transfer")
+    hf, prompt_tokens, cached = hop("summarizer", "conv-map-quote")
+    assert transferred["path"] == "transfer" and transfer_tokens == native_tokens
+    assert hf["path"] == "map_quote" and hf["adapter_version"] == "test-v1" and hf["fallback"] is None
+    assert hf["tokens_transferred"] > 300 and cached >= hf["tokens_transferred"]
+    # the chosen tokens (recompute_budget 10% of the context) are quoted, not recomputed ...
+    chosen = transferred["tokens_recomputed"] - hf["tokens_recomputed"]
+    assert 0.05 * cached < chosen < 0.2 * cached
+    # ... as text at the head of the question, after the context
+    assert native_tokens + 0.5 * chosen < prompt_tokens < native_tokens + 3 * chosen
