@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 from engines.base import Completion
 from gateway.background import Background
@@ -123,10 +124,13 @@ class TurnAccounting:
 
     async def _shadow(self, hop: Hop, plan: HopPlan, answer: list[int]) -> None:
         """Sampled native re-runs (long: a whole native prefill); the next hop never waits for them."""
-        served = plan.path == "transfer" and plan.adapter_id is not None and plan.past is not None
+        served = plan.path in ("transfer", "map_quote") and plan.adapter_id is not None and plan.past is not None
         if served and plan.adapter_id is not None and plan.past is not None and self.shadow.sample_served():
-            await self.shadow.served(ref_id=plan.adapter_id, version=plan.adapter_version or "", hop=hop,
-                                     kv=plan.past, answer=answer)  # fmt: skip
+            ran = hop if plan.prompt is None else replace(hop, text=plan.prompt.text, ids=plan.prompt.ids,
+                                                          offsets=plan.prompt.offsets)  # fmt: skip
+            await self.shadow.served(
+                ref_id=plan.adapter_id, version=plan.adapter_version or "", hop=ran, kv=plan.past, answer=answer
+            )  # the prompt the engine ran (map_quote: quoted)
         if plan.inputs is not None and self.shadow.sample_shadow():
             refs = await self.resolver.shadows(plan.inputs.pair)
             if refs:

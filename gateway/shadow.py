@@ -1,6 +1,7 @@
 """Shadow evaluation: how far a transfer's next-token distributions drift from native prefill.
 
-For a sampled share of transferred requests (``shadow.sample_rate``), and of requests a
+For a sampled share of transferred requests (``shadow.sample_rate``; paths ``transfer`` and
+``map_quote``, the latter re-run on the quoted prompt the engine ran), and of requests a
 ``shadow``-status version could have served (``shadow.shadow_rate``; it never serves them), the
 gateway re-runs the prompt natively off the hot path and compares, teacher-forced over the first
 ``answer_tokens`` tokens of the served answer: first-token KL(native || transfer) and top-1

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gateway.settings import ShadowSettings
 from tests.gateway.conftest import Gateway, make_settings
 from tests.gateway.helpers import CONTEXT, ask, upload
 
@@ -69,7 +70,7 @@ def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
     roles["summarizer"] = summarizer.model_copy(
         update={"policy": summarizer.policy.model_copy(update={"path": "map_quote"})}
     )
-    gateway = start_gateway(roles=roles)
+    gateway = start_gateway(roles=roles, shadow=ShadowSettings(sample_rate=1.0, shadow_rate=0.0))
     upload(gateway, fitted_adapter)
     question = [{"role": "user", "content": f"{CONTEXT}\n\nSummarize."}]
 
@@ -98,3 +99,7 @@ def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
     assert 0.05 * cached < chosen < 0.2 * cached
     # ... as text at the head of the question, after the context
     assert native_tokens + 0.5 * chosen < prompt_tokens < native_tokens + 3 * chosen
+    gateway.settle()  # both hops' shadow runs: each re-runs natively the prompt its engine ran
+    with gateway.http(None) as http:
+        metrics = http.get("/metrics").text
+    assert 'heterofold_shadow_samples_total{version="test-v1"} 2.0' in metrics
