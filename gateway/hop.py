@@ -5,9 +5,9 @@
    conversation's latest turn came from another model (or another role on this model) and shares
    text with this prompt (``heterofold.align.shared_sections``). The role's selector
    (``policy.selector``, ``engines/selectors.py``) chooses ``recompute_budget`` of the shared
-   context's tokens, and the route's path (``policy.path``; by default ``transfer`` on an engine
-   that recomputes in place, ``quote`` on one that cannot, such as SGLang) says what is done
-   with them:
+   context's tokens, and the route's path (``policy.path``; by default ``map_quote`` across
+   families and ``transfer`` between roles on one model on an engine that recomputes in place,
+   ``quote`` on one that cannot, such as SGLang: ``Hop.path_for``) says what is done with them:
    - ``transfer``: with the adapter that serves (sender fingerprint, receiver fingerprint), map
      the sender's KV and recompute natively the unaligned tokens, the tail window W and the
      chosen ones (``engines.transfer.transfer``); taken when it covers more than step 1;
@@ -81,12 +81,19 @@ class Hop:
     def selector(self) -> Selector:
         return make_selector(self.policy.selector)
 
-    @property
-    def hop_path(self) -> Path:
-        """The route's cross-model path: the policy's, or the engine kind's default."""
+    def path_for(self, pair: tuple[str, str]) -> Path:
+        """The route's path for a hop from fingerprint ``pair[0]``: the policy's, else the default
+        measured best for the engine kind (BENCHMARKS.md, "Does the mapped cache carry the
+        context?"): ``quote`` on an engine that cannot recompute in place (SGLang); on one that
+        can, ``transfer`` between roles on one model (the identity map is exact) and ``map_quote``
+        across families (the mapped context with the chosen spans quoted answered more look-ups
+        than the map with them recomputed, at about the same whole-context KL, for both maps on
+        both directions measured)."""
         if self.policy.path is not None:
             return self.policy.path
-        return "transfer" if self.engine.recomputes_in_place else "quote"
+        if not self.engine.recomputes_in_place:
+            return "quote"
+        return "transfer" if pair[0] == pair[1] else "map_quote"
 
 
 @dataclass(frozen=True)
@@ -260,7 +267,7 @@ class HopPlanner:
         return None if resolved is None else (resolved.adapter, resolved.ref)
 
     async def _transfer(self, hop: Hop, inputs: TransferInputs) -> HopPlan | None:
-        path = hop.hop_path
+        path = hop.path_for(inputs.pair)
         if path == "quote":
             return await self._quote(hop, inputs)
         chosen = await self._adapter(hop, inputs.pair)

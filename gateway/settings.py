@@ -71,8 +71,9 @@ class TransferPolicy(_Section):
     """How a role's requests reuse KV made elsewhere. ``recompute_budget`` is the share of the
     shared context's tokens that ``selector`` (``engines/selectors.py``) chooses for the new
     message: recomputed natively (path ``transfer``) or quoted as text (``map_quote``, ``quote``).
-    ``path`` names the cross-model path (gateway/hop.py); unset, it is ``transfer`` on an engine
-    that recomputes in place and ``quote`` on one that cannot (SGLang). ``min_uncached_tokens`` is
+    ``path`` names the cross-model path (gateway/hop.py); unset, on an engine that recomputes in
+    place it is ``map_quote`` across families and ``transfer`` between roles on one model, and
+    ``quote`` on one that cannot (SGLang). ``min_uncached_tokens`` is
     how long the prefix left after same-model reuse must be before a cross-model hop is worth its
     fixed cost."""
 

@@ -44,11 +44,12 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
     """Three roles on two models: executor and reviewer share smollm2 (the identity hop),
     summarizer runs gemma3 (the cross-family hop). Generation is greedy and short."""
     policy = TransferPolicy(min_uncached_tokens=32, recompute_budget=0.1)
+    cross = policy.model_copy(update={"path": "transfer"})  # map + recompute; the served default has its own test
     short = GenerationDefaults(max_tokens=6)
     roles = {
         "executor": RoleSettings(engine=SMOL, system_prompt="You are the executor.", generation=short, policy=policy),
         "reviewer": RoleSettings(engine=SMOL, system_prompt="You are the reviewer.", generation=short, policy=policy),
-        "summarizer": RoleSettings(engine=GEMMA, system_prompt="Summarize.", generation=short, policy=policy),
+        "summarizer": RoleSettings(engine=GEMMA, system_prompt="Summarize.", generation=short, policy=cross),
     }
     fields: dict[str, Any] = {
         "data_dir": data_dir,

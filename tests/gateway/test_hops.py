@@ -62,14 +62,14 @@ def test_hop_without_an_adapter_for_the_pair_prefills_natively(gateway: Gateway)
 def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
     start_gateway: Callable[..., Gateway], fitted_adapter: Path
 ) -> None:
-    """Two gemma3 roles on the same hop: ``critic`` on the default path (map + recompute of the
-    chosen tokens), ``summarizer`` on ``map_quote`` (the map, and the chosen spans as text)."""
+    """Two gemma3 roles on the same hop: ``critic`` on ``transfer`` (map + recompute of the chosen
+    tokens), ``summarizer`` on the default path across families, ``map_quote`` (the map, and the
+    chosen spans as text)."""
     roles = make_settings(Path("unused")).roles
     summarizer = roles["summarizer"]
+    assert summarizer.policy.path == "transfer"  # the suite's explicit choice
     roles["critic"] = summarizer
-    roles["summarizer"] = summarizer.model_copy(
-        update={"policy": summarizer.policy.model_copy(update={"path": "map_quote"})}
-    )
+    roles["summarizer"] = summarizer.model_copy(update={"policy": summarizer.policy.model_copy(update={"path": None})})
     gateway = start_gateway(roles=roles, shadow=ShadowSettings(sample_rate=1.0, shadow_rate=0.0))
     upload(gateway, fitted_adapter)
     question = [{"role": "user", "content": f"{CONTEXT}\n\nSummarize."}]

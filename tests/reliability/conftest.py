@@ -38,12 +38,13 @@ def roles() -> dict[str, RoleSettings]:
     its own previous turn: its next hop is then exactly prefix reuse or native, whichever the store
     allows, and both must give the native answer."""
     policy = TransferPolicy(min_uncached_tokens=32, recompute_budget=0.1)
+    cross = policy.model_copy(update={"path": "transfer"})  # map + recompute; the served default has its own test
     short = GenerationDefaults(max_tokens=6)
     executor = TransferPolicy(min_uncached_tokens=32, recompute_budget=0.1, same_model=False)
     return {
         "executor": RoleSettings(engine=SMOL, system_prompt="You are the executor.", generation=short, policy=executor),
         "reviewer": RoleSettings(engine=SMOL, system_prompt="You are the reviewer.", generation=short, policy=policy),
-        "summarizer": RoleSettings(engine=GEMMA, system_prompt="Summarize.", generation=short, policy=policy),
+        "summarizer": RoleSettings(engine=GEMMA, system_prompt="Summarize.", generation=short, policy=cross),
     }
 
 
