@@ -95,19 +95,15 @@ async def probe(
 
 
 def _summary(stats: PathStats) -> dict[str, Any]:
-    scores = list(stats.scores.values())
-    answer = [s for s in scores if s.correct is not None]
-    whole = [s for s in scores if s.correct is None and s.kl is not None]
+    """``PathStats.summary`` (accuracy on answer items, ``fidelity_kl``/``fidelity_top1`` on the
+    whole-context ones), plus accuracy per kind and the per-item scores."""
     kinds: dict[str, list[float]] = {}
-    for s in answer:
-        kinds.setdefault(s.kind, []).append(float(bool(s.correct)))
+    for s in stats.scores.values():
+        if s.correct is not None:
+            kinds.setdefault(s.kind, []).append(float(s.correct))
     return {
-        "answer_accuracy": round(statistics.mean(float(bool(s.correct)) for s in answer), 3) if answer else None,
-        "answer_items": len(answer),
+        **stats.summary(None),
         "by_kind": {k: round(statistics.mean(v), 2) for k, v in sorted(kinds.items())},
-        "whole_context_kl": round(statistics.mean(s.kl for s in whole if s.kl is not None), 4) if whole else None,
-        "whole_context_top1": round(statistics.mean(s.top1 for s in whole if s.top1 is not None), 3) if whole else None,
-        "whole_context_items": len(whole),
         "per_item": {k: [s.correct, s.kl] for k, s in stats.scores.items()},
     }
 
@@ -129,9 +125,9 @@ def main() -> None:
     print(f"{args.sender} -> {args.receiver}, {result['items']} items, selector {result['selector']}")
     print(f"{'path':26s} {'answer acc':>10s} {'whole KL':>9s} {'top-1':>6s}  by kind")
     for path, row in result["paths"].items():
-        kl, top1 = row["whole_context_kl"], row["whole_context_top1"]
+        kl, top1 = row.get("fidelity_kl"), row.get("fidelity_top1")
         kinds = " ".join(f"{k}={v:g}" for k, v in row["by_kind"].items())
-        print(f"{path:26s} {row['answer_accuracy']:>10.3f} {kl if kl is not None else '-':>9} "
+        print(f"{path:26s} {row['accuracy']:>10.3f} {kl if kl is not None else '-':>9} "
               f"{top1 if top1 is not None else '-':>6}  {kinds}")  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -124,7 +124,7 @@ class TurnAccounting:
 
     async def _shadow(self, hop: Hop, plan: HopPlan, answer: list[int]) -> None:
         """Sampled native re-runs (long: a whole native prefill); the next hop never waits for them."""
-        served = plan.path in ("transfer", "map_quote") and plan.adapter_id is not None and plan.past is not None
+        served = plan.path in ("transfer", "map_quote")
         if served and plan.adapter_id is not None and plan.past is not None and self.shadow.sample_served():
             ran = hop if plan.prompt is None else replace(hop, text=plan.prompt.text, ids=plan.prompt.ids,
                                                           offsets=plan.prompt.offsets)  # fmt: skip
