@@ -47,7 +47,7 @@ from heterofold.adapter import Adapter, Side
 from heterofold.align import Section, shared_sections
 from heterofold.errors import HeteroFoldError
 from heterofold.kv import KVCache
-from heterofold.select import QUOTE_SEPARATOR, elide
+from heterofold.select import QUOTE_SEPARATOR, elide, quote_into
 from store.errors import StoreError
 from store.kv_store import KVStore
 
@@ -341,18 +341,14 @@ def hop_prompt(hop: Hop, messages: Sequence[dict[str, str]]) -> Prompt:
 
 
 def quoted_last(hop: Hop, sections: Sequence[Section], positions: Sequence[int]) -> tuple[dict[str, str], str]:
-    """The new message with the chosen spans quoted (the ``map_quote`` path) after the shared text
-    it carries itself (a document pasted with the question), else at its head; and the part of
-    the message before the quote, the only part of it whose KV may be mapped."""
+    """The new message with the chosen spans quoted (the ``map_quote`` path,
+    ``heterofold.select.quote_into``), and the part of it before the quote."""
     quote = elide(hop.text, [hop.offsets[j] for j in positions])
     last = dict(hop.messages[-1])
     content = last["content"]
     start = hop.text.rfind(content) if content else -1
-    ends = [s.receiver_start + s.length - start for s in sections if start >= 0 and s.receiver_start >= start]
-    cut = max((e for e in ends if e <= len(content)), default=0)
-    if quote:
-        last["content"] = f"{content[:cut]}\n\n{quote}\n\n{content[cut:].lstrip()}" if cut else f"{quote}\n\n{content}"
-    return last, content[:cut]
+    last["content"], head = quote_into(content, start, [(s.receiver_start, s.length) for s in sections], quote)
+    return last, head
 
 
 def quoted_messages(hop: Hop, sections: Sequence[Section], positions: Sequence[int]) -> list[dict[str, str]]:

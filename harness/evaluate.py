@@ -17,7 +17,8 @@ Paths (``PATH_FAMILIES``; ``paths=`` runs a subset, native always runs):
 - ``{method}@b`` for each adapter given (``heterofold``, ``kv_ridge``, a distilled map, ...): the
   mapped cache plus native recompute of the same chosen tokens; ``@0`` is map-only;
 - ``{method}+quote@b``: the mapped cache with no recompute (the template tokens aside), and the
-  chosen spans quoted as in ``quote@b`` between the context and the question, prefilled natively
+  chosen spans quoted as in ``quote@b`` between the context and the question (placed by
+  ``heterofold.select.quote_into``, as the gateway's ``map_quote`` hop), prefilled natively
   with the suffix: the whole context as KV and the selected sentences as text (a path any engine
   that imports a prefix can run, SGLang included).
 Every transfer path also recomputes the receiver tokens without a sender token (BOS, template).
@@ -59,7 +60,7 @@ from heterofold.adapter import Adapter
 from heterofold.align import shared_sections
 from heterofold.kv import KVCache
 from heterofold.metrics import first_token_kl, mean_kl, top1_agreement
-from heterofold.select import answer_recall, elide
+from heterofold.select import answer_recall, elide, quote_into
 from heterofold.tasks import TaskItem, is_correct
 
 BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2)
@@ -305,7 +306,10 @@ class ItemRun:
     async def mapped_quote(self, stats: dict[str, PathStats], name: str, adapter: Adapter, b: float) -> None:
         quoted, select_ms = await self.quoted(b)
         item = self.item
-        text = receiver_prompt(self.receiver, f"{item.context}\n\n{quoted}\n\nQuestion: {item.question}")
+        content = f"{item.context}\n\nQuestion: {item.question}"
+        shared = [(s.receiver_start, s.length) for s in self.hop.sections]
+        quoted_content, _ = quote_into(content, self.r_text.rfind(content), shared, quoted)
+        text = receiver_prompt(self.receiver, quoted_content)
         enc = self.receiver.encode(text)
         ids = list(enc.ids)
         hop = replace(self.hop, receiver_text=text, receiver_ids=enc.ids, receiver_offsets=enc.offsets,

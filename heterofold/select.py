@@ -299,6 +299,23 @@ def elide(text: str, keep: Sequence[tuple[int, int]]) -> str:
     return QUOTE_SEPARATOR.join(p for a, b in pieces if (p := text[a:b].strip()))
 
 
+def quote_into(content: str, start: int, shared: Sequence[tuple[int, int]], quote: str) -> tuple[str, str]:
+    """The map + quote paths' message: ``content`` (found at character ``start`` of the receiver's
+    prompt; ``-1``: not found) with ``quote`` placed after the shared text it carries itself
+    (``shared``: ``(receiver_start, length)`` of each section, in prompt characters; a document
+    pasted with the question), else at its head. Returns the new content and the part of
+    ``content`` before the quote: the only part of the message whose KV may be mapped, since the
+    quote's tokens and all after it are prefilled natively. The gateway's hop and ``heterofold
+    eval`` both build their quoted message here."""
+    ends = [a + n - start for a, n in shared if start >= 0 and a >= start]
+    cut = max((e for e in ends if e <= len(content)), default=0)
+    if not quote:
+        return content, content[:cut]
+    if cut:
+        return f"{content[:cut]}\n\n{quote}\n\n{content[cut:].lstrip()}", content[:cut]
+    return f"{quote}\n\n{content}", ""
+
+
 def answer_recall(context: str, answer: str, chosen: Sequence[tuple[int, int]]) -> tuple[bool, bool]:
     """Whether the chosen character spans cover (1) every character of some occurrence of
     ``answer`` in ``context`` (case-folded) and (2) every non-space character of a whole sentence

@@ -15,6 +15,7 @@ from heterofold.select import (
     choose,
     elide,
     lexical,
+    quote_into,
     scored,
     select_tokens,
     sentence_spans,
@@ -265,6 +266,20 @@ def test_elide_keeps_the_spans_and_marks_what_was_left_out() -> None:
     assert elide(context, [(0, 5), (5, 10), (25, 32)]) == f"Alpha beta{QUOTE_SEPARATOR}Epsilon"
     assert elide(context, [(6, 10), (0, 5)]) == "Alpha beta"  # only whitespace between: one piece, any order
     assert elide(context, []) == ""
+
+
+def test_quote_into_places_the_quote_after_the_shared_text_the_message_carries() -> None:
+    prompt = "<user>Doc one. Doc two.\n\nQuestion: which?<end>"
+    content = "Doc one. Doc two.\n\nQuestion: which?"
+    start = prompt.index(content)
+    shared = [(start, len("Doc one. Doc two."))]  # the document pasted with the question is shared
+    out, head = quote_into(content, start, shared, "Doc two.")
+    assert out == "Doc one. Doc two.\n\nDoc two.\n\nQuestion: which?"  # the eval prompt's layout
+    assert head == "Doc one. Doc two."  # only this part's KV may be mapped
+    out, head = quote_into(content, start, [(0, 5)], "Doc two.")  # nothing shared inside the message
+    assert (out, head) == ("Doc two.\n\n" + content, "")
+    assert quote_into(content, -1, shared, "Doc two.")[1] == ""  # the message is not in the prompt
+    assert quote_into(content, start, shared, "") == (content, "Doc one. Doc two.")  # nothing to quote
 
 
 def test_answer_recall_needs_the_value_and_its_whole_sentence() -> None:
