@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gateway.jobs import Job
+from gateway.jobs import STOPPING, Job
 from gateway.settings import BootstrapSettings, Settings, load_settings
 
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -82,7 +82,7 @@ async def _run(settings: Settings, admin_key: str) -> None:
     said = False
     try:
         await _progress(jobs, serving)
-        _say(jobs, " Ctrl-C stops the gateway." if not serving.done() else "")
+        _say(jobs, "" if serving.done() or server.should_exit else " Ctrl-C stops the gateway.")
         said = True
         await serving
     finally:  # also when Ctrl-C cancels this task: say what the fits came to, never more
@@ -119,10 +119,12 @@ def fit_summary(jobs: Sequence[Job]) -> str:
     """What the bootstrap fits came to: how many adapters are active, each failure with its error,
     and how many had not finished (the gateway stopped first)."""
     done = sum(job.status == "done" for job in jobs)
+    stopped = [job for job in jobs if job.status == "failed" and job.error == f"FitCancelled: {STOPPING}"]
     parts = [f"{done} of {len(jobs)} adapters fitted and active"]
-    parts += [f"{job.sender} -> {job.receiver} failed: {job.error}" for job in jobs if job.status == "failed"]
+    parts += [f"{job.sender} -> {job.receiver} failed: {job.error}"
+              for job in jobs if job.status == "failed" and job not in stopped]  # fmt: skip
     parts += [f"{job.sender} -> {job.receiver} cancelled" for job in jobs if job.status == "cancelled"]
-    unfinished = sum(job.status not in ENDED for job in jobs)
+    unfinished = sum(job.status not in ENDED for job in jobs) + len(stopped)  # a stop is no failure of the fit
     if unfinished:
         parts.append(f"{unfinished} not finished")
     return "; ".join(part.rstrip(".") for part in parts) + "."
@@ -134,7 +136,8 @@ async def _progress(jobs: Sequence[Job], serving: asyncio.Task[None]) -> None:
         ids: dict[str, TaskID] = {}
         while not serving.done():
             for job in jobs:
-                state = f"{job.status} {job.stage} {job.done}/{job.total}"
+                status = "stopped" if job.error == f"FitCancelled: {STOPPING}" else job.status
+                state = f"{status} {job.stage} {job.done}/{job.total}"
                 if job.id not in ids:
                     ids[job.id] = bars.add_task(f"{job.sender} -> {job.receiver}", total=1.0, state=state)
                 finished = job.status in ENDED

@@ -180,6 +180,8 @@ def test_summary_claims_no_more_than_finished_when_interrupted() -> None:
     assert fit_summary(nothing) == "0 of 2 adapters fitted and active; 2 not finished."
     cancelled = [job("a", "done"), job("b", "cancelled")]  # ended: not "not finished"
     assert fit_summary(cancelled) == "1 of 2 adapters fitted and active; b -> qwen cancelled."
+    stopped = [job("a", "done"), job("b", "failed", "FitCancelled: the gateway is stopping")]  # Ctrl-C
+    assert fit_summary(stopped) == "1 of 2 adapters fitted and active; 1 not finished."
 
 
 # Across replicas ----------------------------------------------------------------------------------
