@@ -3,11 +3,12 @@
 
 For every item of the builtin suite (or a JSONL file) the hop is built as ``heterofold eval``
 builds it (``harness.evaluate.eval_hop``: the gateway's sections function and candidates). Each
-basic selector reads once per item (``Selector.ranker``); unions interleave those rankings, and
-their time is the sum of their parts'. At each budget, ``heterofold.select.answer_recall`` says
-whether the chosen tokens cover the answer value, and its whole sentence (no model judges). With
-``quote_budget``, each selector's choice at that budget is quoted as ``heterofold eval``'s quote path
-does and the receiver answers greedily (accuracy), next to the receiver's native accuracy.
+basic selector reads once per item (``Selector.ranker``); unions interleave those rankings (gated
+unions in the order ``heterofold.select.gated`` picks), and their time is the sum of their
+parts'. At each budget, ``heterofold.select.answer_recall`` says whether the chosen tokens cover
+the answer value, and its whole sentence (no model judges). With ``quote_budget``, each
+selector's choice at that budget is quoted as ``heterofold eval``'s quote path does and the
+receiver answers greedily (accuracy), next to the receiver's native accuracy.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from engines.selectors import BASIC, Evidence, Selection, candidates, choose_wit
 from engines.transfer import transfer
 from harness.evaluate import eval_hop, receiver_prompt
 from heterofold.adapter import Adapter
-from heterofold.select import Ranker, answer_recall, elide, union
+from heterofold.select import Ranker, answer_recall, elide, gated, union
 from heterofold.tasks import TaskItem, is_correct
 
 UNIONS = ("sender-attention+receiver-attention", "sender-attention+lexical", "receiver-attention+lexical",
           "scout+lexical")  # fmt: skip
+# heterofold.select.gated: the lexical part first when it is confident
+GATED = ("lexical/sender-attention", "lexical-hop/sender-attention", "lexical/scout", "lexical-hop/scout")
 
 
 async def compare(
@@ -48,12 +51,13 @@ async def compare(
     Selectors that need what is not given (an adapter for receiver-attention, a scout) are left out.
     ``quote_selectors`` limits the quote accuracy (a greedy answer per selector and item) to those
     named; None quotes every selector's choice."""
-    names = ["lexical", "sender-attention"]
+    names = ["lexical", "lexical-hop", "sender-attention"]
     if adapter is not None:
         names.append("receiver-attention")
     if scout is not None:
         names.append("scout")
     unions = [u for u in UNIONS if all(p in names for p in u.split("+"))]
+    gates = [g for g in GATED if all(p in names for p in g.split("/"))]
     rows: list[dict[str, Any]] = []
     greedy = SamplingParams(max_tokens=24)
     for n, item in enumerate(i for i in items if i.metric == "answer"):
@@ -70,6 +74,9 @@ async def compare(
         for u in unions:
             parts = u.split("+")
             rankers[u] = (union(*(rankers[p][0] for p in parts)), sum(rankers[p][1] for p in parts))
+        for g in gates:
+            parts = g.split("/")
+            rankers[g] = (gated(*(rankers[p][0] for p in parts)), sum(rankers[p][1] for p in parts))
         ctx_at = hop.receiver_text.index(item.context)
         row: dict[str, Any] = {"id": item.id, "kind": item.kind or "all", "selectors": {}}
         for name, (ranker, read_ms) in rankers.items():
@@ -97,7 +104,7 @@ async def compare(
         "budgets": [f"{b:g}" for b in budgets],
         "quote_budget": quote_budget,
         "quote_selectors": list(quote_selectors) if quote_selectors is not None else None,
-        "summary": summarize(rows, [*names, *unions], budgets),
+        "summary": summarize(rows, [*names, *unions, *gates], budgets),
         "per_item": rows,
     }
 

@@ -7,6 +7,8 @@ ranking and a budget into token positions (whole sentences, best first). Names, 
 ``policy.selector`` and ``--selector`` take them:
 
 - ``lexical``: BM25 of each sentence for the question's words (``heterofold.select.lexical``);
+- ``lexical-hop``: lexical, then the rest ranked again with the first sentence's words added
+  (``heterofold.select.lexical_hop``): reads the second fact of a chain;
 - ``sender-attention``: the question, in the sender's tokens (``Question: ...`` then ``Answer:``),
   run by the sender over its own native cache; the last token's attention over the context,
   averaged over heads and over the sender's full-attention layers from a third of the depth up
@@ -20,7 +22,10 @@ ranking and a budget into token positions (whole sentences, best first). Names, 
   (SGLang), at the price of one prefill of the context by the scout;
 - ``A+B``: the union of selectors A and B (their rankings interleaved, one sentence at a time),
   e.g. ``sender-attention+lexical`` (the gateway's default); a part the hop's engines cannot run
-  is left out.
+  is left out;
+- ``A/B``: the gated union (``heterofold.select.gated``): A's sentences lead the interleaving when
+  A is confident of its first one (lexical: the question's content words, IDF-weighted, covered
+  at least ``GATE``), B's lead otherwise, e.g. ``lexical/sender-attention``.
 
 Candidates are the receiver's prompt tokens inside the shared sections that have a sender token and
 a non-empty span, before the end of the transferable prefix; the text the rankers read is the
@@ -40,7 +45,7 @@ from engines.base import Engine
 from heterofold.align import Section, align_tokens
 from heterofold.errors import HeteroFoldError
 from heterofold.kv import KVCache
-from heterofold.select import Ranker, choose, lexical, scored, union
+from heterofold.select import Ranker, choose, gated, lexical, lexical_hop, scored, union
 
 SCOUT = "qwen2.5-coder-0.5b-instruct"
 QUESTION_PROMPT = "\n\nQuestion: {question}\nAnswer:"  # what the sender reads after its own cache
@@ -119,6 +124,15 @@ class Lexical:
 
     async def ranker(self, ev: Evidence) -> Ranker:
         return lexical(ev.hop.question)
+
+
+@dataclass(frozen=True)
+class LexicalHop:
+    name: str = "lexical-hop"
+    needs_map: bool = False
+
+    async def ranker(self, ev: Evidence) -> Ranker:
+        return lexical_hop(ev.hop.question)
 
 
 @dataclass(frozen=True)
@@ -205,13 +219,48 @@ class Union:
         return union(*rankers)
 
 
+@dataclass(frozen=True)
+class Gated:
+    parts: tuple[Selector, ...]  # the first is the one whose confidence decides the order
+
+    @property
+    def name(self) -> str:
+        return "/".join(p.name for p in self.parts)
+
+    @property
+    def needs_map(self) -> bool:
+        return any(p.needs_map for p in self.parts)
+
+    async def ranker(self, ev: Evidence) -> Ranker:
+        """``heterofold.select.gated`` over the parts' rankings; a part this hop cannot run is left
+        out as in ``Union`` (with no part after the first, the first alone)."""
+        first = await self.parts[0].ranker(ev)
+        try:
+            rest = await (Union(self.parts[1:]) if len(self.parts) > 2 else self.parts[1]).ranker(ev)
+        except SelectorUnavailable:
+            return first
+        return gated(first, rest)
+
+
 LEXICAL = Lexical()
-BASIC: dict[str, Selector] = {s.name: s for s in (Lexical(), SenderAttention(), ReceiverAttention(), Scout())}
-SELECTORS = (*BASIC, "sender-attention+receiver-attention", "sender-attention+lexical", "receiver-attention+lexical")
+BASIC: dict[str, Selector] = {
+    s.name: s for s in (Lexical(), LexicalHop(), SenderAttention(), ReceiverAttention(), Scout())
+}
+SELECTORS = (*BASIC, "sender-attention+receiver-attention", "sender-attention+lexical", "receiver-attention+lexical",
+             "lexical/sender-attention", "lexical-hop/sender-attention")  # fmt: skip
 
 
 def make_selector(name: str) -> Selector:
-    """A selector by name: one of ``BASIC``, or several joined by ``+`` (their union)."""
+    """A selector by name: one of ``BASIC``, several joined by ``+`` (their union), or by ``/``
+    (the gated union, the first part's confidence deciding the order)."""
+    if "/" in name:
+        if "+" in name:
+            raise ValueError(f"unknown selector {name!r}: join parts with '+' or with '/', not both")
+        names = name.split("/")
+        unknown = [n for n in names if n not in BASIC]
+        if unknown or len(set(names)) != len(names) or len(names) < 2:
+            raise ValueError(f"unknown selector {name!r}: choose from {', '.join(BASIC)}, joined by '/'")
+        return Gated(tuple(BASIC[n] for n in names))
     names = name.split("+")
     unknown = [n for n in names if n not in BASIC]
     if unknown or len(set(names)) != len(names):

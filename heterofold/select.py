@@ -44,7 +44,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -112,6 +112,7 @@ class Ranking:
 
     order: list[int]  # span indices; spans that score nothing are left out
     anchors: dict[int, set[int]]
+    confidence: float | None = None  # how sure the ranker is of its first sentence (lexical: coverage); None: unknown
 
 
 Ranker = Callable[[Spans], Ranking]
@@ -124,13 +125,41 @@ def lexical(question: str) -> Ranker:
     def rank(view: Spans) -> Ranking:
         words = [_words(view.context, s, e) for s, e in view.spans]
         query = {stem for stem, _, _ in _words(question, 0, len(question))}
-        scores = _bm25([[stem for stem, _, _ in ws] for ws in words], query)
+        docs = [[stem for stem, _, _ in ws] for ws in words]
+        scores = _bm25(docs, query)
         order = sorted((j for j, score in enumerate(scores) if score > 0), key=lambda j: (-scores[j], j))
         anchors = {}
         for j in order:
             matched = _tokens_per_span([(s, e) for stem, s, e in words[j] if stem in query], view.offsets, view.live)
             anchors[j] = {t for ts in matched for t in ts}
-        return Ranking(order, anchors)
+        return Ranking(order, anchors, coverage(docs, query, docs[order[0]]) if order else 0.0)
+
+    return rank
+
+
+def lexical_hop(question: str) -> Ranker:
+    """``lexical``, then one hop: the sentences after its first are ranked again by BM25 for the
+    question's stems together with the first sentence's own (pseudo-relevance feedback), so
+    "In which city does Ana's cousin live?" reads "Ana's cousin is Ben." and then the sentence
+    it points to, "Ben lives in Oslo.", which shares only "live" with the question. Confidence
+    is ``lexical``'s."""
+    first = lexical(question)
+
+    def rank(view: Spans) -> Ranking:
+        head = first(view)
+        if not head.order:
+            return head
+        words = [_words(view.context, s, e) for s, e in view.spans]
+        docs = [[stem for stem, _, _ in ws] for ws in words]
+        top = head.order[0]
+        query = {stem for stem, _, _ in _words(question, 0, len(question))} | set(docs[top])
+        scores = _bm25(docs, query)
+        rest = sorted((j for j, score in enumerate(scores) if score > 0 and j != top), key=lambda j: (-scores[j], j))
+        anchors = {top: head.anchors[top]}
+        for j in rest:
+            matched = _tokens_per_span([(s, e) for stem, s, e in words[j] if stem in query], view.offsets, view.live)
+            anchors[j] = {t for ts in matched for t in ts}
+        return Ranking([top, *rest], anchors, head.confidence)
 
     return rank
 
@@ -151,6 +180,39 @@ def scored(scores: Sequence[float], *, pool: int = POOL) -> Ranker:
         best = {j: max(ts, key=lambda t: (at[t], -t)) for j, ts in enumerate(view.tokens) if ts}
         order = sorted((j for j, b in best.items() if at[b] > 0), key=lambda j: (-at[best[j]], j))
         return Ranking(order, {j: {best[j]} for j in order})
+
+    return rank
+
+
+def coverage(docs: list[list[str]], query: set[str], doc: list[str]) -> float:
+    """The IDF-weighted share of the question's content stems that ``doc`` holds (IDF over
+    ``docs``; a stem no document holds weighs most): 1.0 when the sentence says every word the
+    question asks with, near 0 when it matches only a common word ("code" in a code base) and
+    the question's rare words are nowhere (a paraphrase)."""
+    if not query:
+        return 0.0
+    n = len(docs)
+    df = Counter(stem for d in docs for stem in set(d) & query)
+    idf = {stem: math.log(1 + (n - df[stem] + 0.5) / (df[stem] + 0.5)) for stem in query}
+    total = sum(idf.values())
+    return sum(idf[stem] for stem in set(doc) & query) / total if total else 0.0
+
+
+GATE = 0.5  # the lexical coverage above which a gated union reads lexical's sentences first
+
+
+def gated(first: Ranker, *rest: Ranker, threshold: float = GATE) -> Ranker:
+    """``union(first, *rest)`` when ``first`` is confident of its first sentence (its ranking's
+    ``confidence`` at least ``threshold``, or unknown), else ``union(*rest, first)``: at a budget
+    that holds one or two sentences, the rule that can tell it knows the answer's sentence goes
+    first, and the others lead when it cannot (a question that shares no content word with its
+    answer)."""
+
+    def rank(view: Spans) -> Ranking:
+        head = first(view)
+        confident = head.confidence is None or head.confidence >= threshold
+        rankers = [lambda _v: head, *rest] if confident else [*rest, lambda _v: head]
+        return replace(union(*rankers)(view), confidence=head.confidence)
 
     return rank
 

@@ -103,8 +103,15 @@ def test_every_selector_chooses_through_one_interface(load_engine: Any) -> None:
     assert run(select(make_selector("sender-attention+lexical"), blind, 0.02)).positions == lexical
     with pytest.raises(SelectorUnavailable):
         run(select(make_selector("sender-attention+scout"), replace(blind, scout=None), 0.02))
-    with pytest.raises(ValueError, match="unknown selector"):
-        make_selector("lexical+bogus")
+    # a gated union also leaves out what it cannot run, and keeps lexical's own choice
+    assert run(select(make_selector("lexical/sender-attention"), blind, 0.02)).positions == lexical
+    # the paraphrase leaves lexical unsure (no rare question word covered): the gated union lets
+    # the sender's attention lead, as the plain union that names it first
+    gated = run(select(make_selector("lexical/sender-attention"), ev, 0.02)).positions
+    assert gated == run(select(make_selector("sender-attention+lexical"), ev, 0.02)).positions
+    for bad in ("lexical+bogus", "lexical/bogus", "lexical/lexical", "lexical/scout+sender-attention"):
+        with pytest.raises(ValueError, match="unknown selector"):
+            make_selector(bad)
 
 
 def test_quote_paths_rewrite_only_the_shared_text() -> None:
@@ -160,8 +167,11 @@ def test_bench_selectors_reports_recall_time_and_quote_accuracy_per_selector(loa
                          quote_selectors=["lexical"], native=False))  # fmt: skip
     assert result["items"] == 2 and set(result["summary"]) == {
         "lexical",
+        "lexical-hop",
         "sender-attention",
         "sender-attention+lexical",
+        "lexical/sender-attention",
+        "lexical-hop/sender-attention",
     }
     lexical = result["summary"]["lexical"]["all"]
     assert lexical["n"] == 2 and lexical["sentence@0.05"] == 1.0  # the question repeats the needle's words

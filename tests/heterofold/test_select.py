@@ -13,8 +13,11 @@ from heterofold.select import (
     QUOTE_SEPARATOR,
     answer_recall,
     choose,
+    coverage,
     elide,
+    gated,
     lexical,
+    lexical_hop,
     quote_into,
     scored,
     select_tokens,
@@ -258,6 +261,41 @@ def test_union_interleaves_the_rankings_one_sentence_at_a_time() -> None:
     assert chosen_text(context, offsets, both) == "Blue birds sing. Yellow suns shine."
     one = choose(context, offsets, budget_for(3, offsets), union(lexical("Which birds sing?"), scored(last, pool=1)))
     assert chosen_text(context, offsets, one) == "Blue birds sing."  # the first ranking's best comes first
+
+
+def test_gated_union_lets_lexical_lead_only_when_it_covers_the_question() -> None:
+    context = "Strongbox holds 4411. Blue birds sing. Code runs fast. Green frogs jump."
+    offsets = ws_offsets(context)
+    box = [1.0 if a < context.index("Blue") else 0.0 for a, _ in offsets]
+    birds = [1.0 if context.index("Blue") <= a < context.index("Code") else 0.0 for a, _ in offsets]
+    k = budget_for(3, offsets)  # one short sentence
+    # the question's words are all in one sentence: lexical leads, the attention-like scorer follows
+    sure = gated(lexical("Which birds sing?"), scored(box, pool=1))
+    assert chosen_text(context, offsets, choose(context, offsets, k, sure)) == "Blue birds sing."
+    # only the common word "code" matches, "safe" is nowhere: the other ranking leads
+    unsure = gated(lexical("What is the code for the safe?"), scored(box, pool=1))
+    assert chosen_text(context, offsets, choose(context, offsets, k, unsure)) == "Strongbox holds 4411."
+    # the same lexical ranking in a plain union leads either way
+    plain = union(lexical("What is the code for the safe?"), scored(birds, pool=1))
+    assert chosen_text(context, offsets, choose(context, offsets, k, plain)) == "Code runs fast."
+
+
+def test_coverage_weighs_the_question_words_a_sentence_holds() -> None:
+    docs = [["code", "run"], ["code", "fast"], ["bird", "sing"]]
+    assert coverage(docs, {"bird", "sing"}, docs[2]) == 1.0
+    assert 0.0 < coverage(docs, {"code", "safe"}, docs[0]) < 0.5  # "safe" is nowhere: it weighs most
+    assert coverage(docs, set(), docs[0]) == 0.0
+
+
+def test_lexical_hop_reads_the_sentence_the_first_one_points_to() -> None:
+    context = "Ana's cousin is Ben. Rain fell all day. Cara lives in Rome. Ben lives in Oslo. Ana's aunt is Cara."
+    offsets = ws_offsets(context)
+    question = "In which city does Ana's cousin live?"
+    k = budget_for(8, offsets)  # two short sentences
+    plain = chosen_text(context, offsets, choose(context, offsets, k, lexical(question)))
+    assert "Ben lives in Oslo." not in plain  # BM25 alone ranks the first hop, then Ana's aunt
+    hop = chosen_text(context, offsets, choose(context, offsets, k, lexical_hop(question)))
+    assert hop == "Ana's cousin is Ben. Ben lives in Oslo."
 
 
 def test_elide_keeps_the_spans_and_marks_what_was_left_out() -> None:
