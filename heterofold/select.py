@@ -6,8 +6,10 @@ text). The whole sentence that holds the answer must be chosen. The hop's new me
 question) is known when the choice is made. This module is the text side of every selector
 (``engines/selectors.py`` reads the models): sentences, a ``Ranker`` that orders them, and
 ``choose``, which turns a ranking and a budget into tokens. Rankers: ``lexical`` (below, steps
-2-3), ``scored`` (one evidence score per token, e.g. attention, pooled over ``POOL`` neighbouring
-tokens; a sentence scores its best token) and ``union`` (rankings interleaved).
+2-3; its ranking's confidence is ``coverage``), ``lexical_hop`` (lexical, then one feedback hop for
+a chain of facts), ``scored`` (one evidence score per token, e.g. attention, pooled over ``POOL``
+neighbouring tokens; a sentence scores its best token), ``union`` (rankings interleaved) and
+``gated`` (a union whose first ranker leads only when it is confident).
 ``select_tokens`` is ``choose`` with the lexical ranker:
 
 1. Spans. ``sentence_spans`` cuts the context after ``.``, ``!`` or ``?`` that end a sentence
