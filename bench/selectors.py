@@ -4,11 +4,12 @@
 For every item of the builtin suite (or a JSONL file) the hop is built as ``heterofold eval``
 builds it (``harness.evaluate.eval_hop``: the gateway's sections function and candidates). Each
 basic selector reads once per item (``Selector.ranker``); unions interleave those rankings (gated
-unions in the order ``heterofold.select.gated`` picks), and their time is the sum of their
-parts'. At each budget, ``heterofold.select.answer_recall`` says whether the chosen tokens cover
-the answer value, and its whole sentence (no model judges). With ``quote_budget``, each
-selector's choice at that budget is quoted as ``heterofold eval``'s quote path does and the
-receiver answers greedily (accuracy), next to the receiver's native accuracy.
+unions in the order ``heterofold.select.gated`` picks; a fallback ``A|B`` is A's ranking alone,
+at A's time, when A is confident), and their time is the sum of their parts'. At each budget,
+``heterofold.select.answer_recall`` says whether the chosen tokens cover the answer value, and
+its whole sentence (no model judges). With ``quote_budget``, each selector's choice at that
+budget is quoted as ``heterofold eval``'s quote path does and the receiver answers greedily
+(accuracy), next to the receiver's native accuracy.
 """
 
 from __future__ import annotations
@@ -21,17 +22,19 @@ from typing import Any
 
 from engines.base import SamplingParams
 from engines.local import LocalEngine
-from engines.selectors import BASIC, Evidence, Selection, candidates, choose_with
+from engines.selectors import BASIC, Evidence, Selection, candidates, choose_with, window
 from engines.transfer import transfer
 from harness.evaluate import eval_hop, receiver_prompt
 from heterofold.adapter import Adapter
-from heterofold.select import Ranker, answer_recall, elide, gated, union
+from heterofold.select import GATE, Ranker, answer_recall, elide, gated, spans_of, union
 from heterofold.tasks import TaskItem, is_correct
 
 UNIONS = ("sender-attention+receiver-attention", "sender-attention+lexical", "receiver-attention+lexical",
           "scout+lexical")  # fmt: skip
 # heterofold.select.gated: the lexical part first when it is confident
 GATED = ("lexical/sender-attention", "lexical-hop/sender-attention", "lexical/scout", "lexical-hop/scout")
+# engines.selectors.Fallback: the lexical part alone when confident, else the other first (and its time)
+FALLBACKS = ("lexical|sender-attention", "lexical-hop|sender-attention", "lexical-hop|scout")
 
 
 async def compare(
@@ -58,6 +61,7 @@ async def compare(
         names.append("scout")
     unions = [u for u in UNIONS if all(p in names for p in u.split("+"))]
     gates = [g for g in GATED if all(p in names for p in g.split("/"))]
+    fallbacks = [f for f in FALLBACKS if all(p in names for p in f.split("|"))]
     rows: list[dict[str, Any]] = []
     greedy = SamplingParams(max_tokens=24)
     for n, item in enumerate(i for i in items if i.metric == "answer"):
@@ -77,6 +81,12 @@ async def compare(
         for g in gates:
             parts = g.split("/")
             rankers[g] = (gated(*(rankers[p][0] for p in parts)), sum(rankers[p][1] for p in parts))
+        view = spans_of(*window(ev))
+        for f in fallbacks:
+            first, other = (rankers[p] for p in f.split("|"))
+            confidence = first[0](view).confidence
+            sure = confidence is None or confidence >= GATE
+            rankers[f] = first if sure else (union(other[0], first[0]), first[1] + other[1])
         ctx_at = hop.receiver_text.index(item.context)
         row: dict[str, Any] = {"id": item.id, "kind": item.kind or "all", "selectors": {}}
         for name, (ranker, read_ms) in rankers.items():
@@ -104,7 +114,7 @@ async def compare(
         "budgets": [f"{b:g}" for b in budgets],
         "quote_budget": quote_budget,
         "quote_selectors": list(quote_selectors) if quote_selectors is not None else None,
-        "summary": summarize(rows, [*names, *unions, *gates], budgets),
+        "summary": summarize(rows, [*names, *unions, *gates, *fallbacks], budgets),
         "per_item": rows,
     }
 

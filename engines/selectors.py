@@ -25,7 +25,9 @@ ranking and a budget into token positions (whole sentences, best first). Names, 
   is left out;
 - ``A/B``: the gated union (``heterofold.select.gated``): A's sentences lead the interleaving when
   A is confident of its first one (lexical: the question's content words, IDF-weighted, covered
-  at least ``GATE``), B's lead otherwise, e.g. ``lexical/sender-attention``.
+  at least ``GATE``), B's lead otherwise, e.g. ``lexical/sender-attention``;
+- ``A|B``: A alone when it is confident, else B's sentences first and then A's: B reads only
+  when A is unsure (a look-up costs lexical's time), e.g. ``lexical-hop|sender-attention``.
 
 Candidates are the receiver's prompt tokens inside the shared sections that have a sender token and
 a non-empty span, before the end of the transferable prefix; the text the rankers read is the
@@ -45,7 +47,7 @@ from engines.base import Engine
 from heterofold.align import Section, align_tokens
 from heterofold.errors import HeteroFoldError
 from heterofold.kv import KVCache
-from heterofold.select import Ranker, choose, gated, lexical, lexical_hop, scored, union
+from heterofold.select import GATE, Ranker, choose, gated, lexical, lexical_hop, scored, spans_of, union
 
 SCOUT = "qwen2.5-coder-0.5b-instruct"
 QUESTION_PROMPT = "\n\nQuestion: {question}\nAnswer:"  # what the sender reads after its own cache
@@ -242,25 +244,56 @@ class Gated:
         return gated(first, rest)
 
 
+@dataclass(frozen=True)
+class Fallback:
+    parts: tuple[Selector, ...]  # the first is read always, the others only when it is unsure
+
+    @property
+    def name(self) -> str:
+        return "|".join(p.name for p in self.parts)
+
+    @property
+    def needs_map(self) -> bool:
+        return any(p.needs_map for p in self.parts)
+
+    async def ranker(self, ev: Evidence) -> Ranker:
+        """The first part alone when it is confident of its first sentence on this hop's text
+        (``GATE``; the others never read, so a look-up costs what lexical costs), else the
+        others' rankings interleaved ahead of it (``Union``, leaving out a part the hop cannot
+        run; with none left, the first alone)."""
+        first = await self.parts[0].ranker(ev)
+        text, offsets = window(ev)
+        confidence = first(spans_of(text, offsets)).confidence
+        if confidence is None or confidence >= GATE:
+            return first
+        try:
+            rest = await (Union(self.parts[1:]) if len(self.parts) > 2 else self.parts[1]).ranker(ev)
+        except SelectorUnavailable:
+            return first
+        return union(rest, first)
+
+
 LEXICAL = Lexical()
 BASIC: dict[str, Selector] = {
     s.name: s for s in (Lexical(), LexicalHop(), SenderAttention(), ReceiverAttention(), Scout())
 }
 SELECTORS = (*BASIC, "sender-attention+receiver-attention", "sender-attention+lexical", "receiver-attention+lexical",
-             "lexical/sender-attention", "lexical-hop/sender-attention")  # fmt: skip
+             "lexical/sender-attention", "lexical-hop/sender-attention", "lexical-hop|sender-attention")  # fmt: skip
 
 
 def make_selector(name: str) -> Selector:
     """A selector by name: one of ``BASIC``, several joined by ``+`` (their union), or by ``/``
     (the gated union, the first part's confidence deciding the order)."""
-    if "/" in name:
-        if "+" in name:
-            raise ValueError(f"unknown selector {name!r}: join parts with '+' or with '/', not both")
-        names = name.split("/")
+    for sep, kind in (("/", Gated), ("|", Fallback)):
+        if sep not in name:
+            continue
+        if sum(other in name for other in "+/|") > 1:
+            raise ValueError(f"unknown selector {name!r}: join parts with one of '+', '/', '|'")
+        names = name.split(sep)
         unknown = [n for n in names if n not in BASIC]
         if unknown or len(set(names)) != len(names) or len(names) < 2:
-            raise ValueError(f"unknown selector {name!r}: choose from {', '.join(BASIC)}, joined by '/'")
-        return Gated(tuple(BASIC[n] for n in names))
+            raise ValueError(f"unknown selector {name!r}: choose from {', '.join(BASIC)}, joined by {sep!r}")
+        return kind(tuple(BASIC[n] for n in names))
     names = name.split("+")
     unknown = [n for n in names if n not in BASIC]
     if unknown or len(set(names)) != len(names):
@@ -299,11 +332,17 @@ def choose_with(ranker: Ranker, ev: Evidence, budget: float, t0: float | None = 
     t1 = time.perf_counter()
     if budget <= 0 or not ev.candidates:
         return Selection([], 0.0)
-    lo, hi = ev.hop.window()
-    text = ev.hop.receiver_text[lo:hi]
-    rel = [(ev.hop.receiver_offsets[j][0] - lo, ev.hop.receiver_offsets[j][1] - lo) for j in ev.candidates]
+    text, rel = window(ev)
     picked = choose(text, rel, budget, ranker)
     return Selection([ev.candidates[i] for i in picked], (time.perf_counter() - (t1 if t0 is None else t0)) * 1000)
+
+
+def window(ev: Evidence) -> tuple[str, list[tuple[int, int]]]:
+    """The text the rankers read (the receiver's prompt over the shared sections) and each
+    candidate's character span in it."""
+    lo, hi = ev.hop.window()
+    return ev.hop.receiver_text[lo:hi], [(ev.hop.receiver_offsets[j][0] - lo, ev.hop.receiver_offsets[j][1] - lo)
+                                         for j in ev.candidates]  # fmt: skip
 
 
 def _shifted(span: tuple[int, int], shift: Sequence[tuple[int, int, int]]) -> tuple[int, int] | None:

@@ -262,12 +262,11 @@ def choose(
     for i, (s, e) in enumerate(offsets):
         if not 0 <= s <= e <= len(context):
             raise ValueError(f"token {i} has span ({s}, {e}) outside a context of {len(context)} characters")
-    live = [i for i, (s, e) in enumerate(offsets) if e > s]
+    view = spans_of(context, offsets)
+    live = view.live
     if budget == 0.0 or not live:
         return []
     k = min(len(live), max(math.ceil(round(budget * len(offsets), 9)), min_tokens))
-    spans = sentence_spans(context)
-    view = Spans(context, offsets, live, spans, _tokens_per_span(spans, offsets, live))
     ranking = ranker(view)
 
     chosen: set[int] = set()
@@ -282,6 +281,13 @@ def choose(
         return live[-k:]
     chosen.update(_nearest([t for t in live if t not in chosen], chosen, k - len(chosen)))
     return sorted(chosen)
+
+
+def spans_of(context: str, offsets: Sequence[tuple[int, int]]) -> Spans:
+    """The view a ranker ranks: ``context``'s sentences and the live tokens of each."""
+    live = [i for i, (s, e) in enumerate(offsets) if e > s]
+    spans = sentence_spans(context)
+    return Spans(context, offsets, live, spans, _tokens_per_span(spans, offsets, live))
 
 
 def _words(text: str, start: int, end: int) -> list[tuple[str, int, int]]:

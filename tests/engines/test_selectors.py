@@ -109,9 +109,35 @@ def test_every_selector_chooses_through_one_interface(load_engine: Any) -> None:
     # the sender's attention lead, as the plain union that names it first
     gated = run(select(make_selector("lexical/sender-attention"), ev, 0.02)).positions
     assert gated == run(select(make_selector("sender-attention+lexical"), ev, 0.02)).positions
-    for bad in ("lexical+bogus", "lexical/bogus", "lexical/lexical", "lexical/scout+sender-attention"):
+    # the fallback: lexical unsure on the paraphrase, so the sender's reading leads, then lexical-hop's
+    fallback = run(select(make_selector("lexical-hop|sender-attention"), ev, 0.02)).positions
+    assert fallback == run(select(make_selector("sender-attention+lexical-hop"), ev, 0.02)).positions
+    for bad in ("lexical+bogus", "lexical/bogus", "lexical/lexical", "lexical/scout+sender-attention", "lexical|bogus"):
         with pytest.raises(ValueError, match="unknown selector"):
             make_selector(bad)
+
+
+def test_a_confident_fallback_never_reads_with_the_sender(load_engine: Any) -> None:
+    """``lexical-hop|sender-attention`` on a look-up whose question repeats its needle's words:
+    lexical alone chooses, and the sender's attention pass never runs (a look-up costs what
+    lexical costs)."""
+    sender, receiver = load_engine(SMOL), load_engine(GEMMA)
+    item = next(i for i in builtin_suite(lengths=(1024,), kinds=("passkey",)) if "-d50-" in i.id)
+    hop: HopText = run(eval_hop(sender, receiver, item))
+    prefix = hop.transferable_prefix()
+
+    class NoReading:
+        encode = sender.encode
+
+        def attention(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("the sender read, though lexical was sure")
+
+    ev = Evidence(hop, candidates(hop, hop.source(prefix), prefix), NoReading(), receiver, None, None)  # type: ignore[arg-type]
+    chosen = run(select(make_selector("lexical-hop|sender-attention"), ev, 0.02)).positions
+    assert chosen == run(select(make_selector("lexical-hop"), ev, 0.02)).positions
+    with pytest.raises(AssertionError, match="the sender read"):  # the same hop, unsure: it reads
+        run(select(make_selector("lexical-hop|sender-attention"), replace(ev, hop=replace(hop, question="Say it.")),
+                   0.02))  # fmt: skip
 
 
 def test_quote_paths_rewrite_only_the_shared_text() -> None:
@@ -172,6 +198,8 @@ def test_bench_selectors_reports_recall_time_and_quote_accuracy_per_selector(loa
         "sender-attention+lexical",
         "lexical/sender-attention",
         "lexical-hop/sender-attention",
+        "lexical|sender-attention",
+        "lexical-hop|sender-attention",
     }
     lexical = result["summary"]["lexical"]["all"]
     assert lexical["n"] == 2 and lexical["sentence@0.05"] == 1.0  # the question repeats the needle's words
