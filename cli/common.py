@@ -40,8 +40,9 @@ DEFAULT_TAIL = RoleSettings(engine="-").tail_window
 
 
 SELECTOR_HELP = (
-    "Selector (engines/selectors.py): lexical, sender-attention, receiver-attention, scout, or several joined "
-    "by '+' (their union). Default: the gateway's."
+    "Selector (engines/selectors.py): lexical, lexical-hop, sender-attention, receiver-attention, scout, or "
+    "several joined by '+' (their union), '/' (a union led by the first when it is sure) or '|' (the first "
+    "alone when it is sure, else the others first). Default: the gateway's."
 )
 
 
