@@ -81,16 +81,19 @@ async def compare(
         for g in gates:
             parts = g.split("/")
             rankers[g] = (gated(*(rankers[p][0] for p in parts)), sum(rankers[p][1] for p in parts))
-        view = spans_of(*window(ev))
+        view, unsure = spans_of(*window(ev)), {}
         for f in fallbacks:
             first, other = (rankers[p] for p in f.split("|"))
             confidence = first[0](view).confidence
             sure = confidence is None or confidence >= GATE
             rankers[f] = first if sure else (union(other[0], first[0]), first[1] + other[1])
+            unsure[f] = not sure
         ctx_at = hop.receiver_text.index(item.context)
         row: dict[str, Any] = {"id": item.id, "kind": item.kind or "all", "selectors": {}}
         for name, (ranker, read_ms) in rankers.items():
             per: dict[str, Any] = {"read_ms": round(read_ms, 1)}
+            if name in unsure:
+                per["unsure"] = unsure[name]  # a fallback that read with its other part
             for b in budgets:
                 sel = choose_with(ranker, ev, b)
                 spans = [(hop.receiver_offsets[j][0] - ctx_at, hop.receiver_offsets[j][1] - ctx_at)
@@ -134,8 +137,11 @@ def summarize(rows: list[dict[str, Any]], names: Sequence[str], budgets: Sequenc
     for name in names:
         for kind in [*kinds, "all"]:
             sub = [r for r in rows if kind in ("all", r["kind"])]
-            cell: dict[str, Any] = {"n": len(sub), "read_ms": round(statistics.median(r["selectors"][name]["read_ms"]
-                                                                                      for r in sub), 1)}  # fmt: skip
+            times = [r["selectors"][name]["read_ms"] for r in sub]
+            cell: dict[str, Any] = {"n": len(sub), "read_ms": round(statistics.median(times), 1),
+                                    "read_ms_mean": round(statistics.fmean(times), 1)}  # fmt: skip
+            if all("unsure" in r["selectors"][name] for r in sub):
+                cell["unsure"] = round(sum(r["selectors"][name]["unsure"] for r in sub) / len(sub), 3)
             for b in (f"{b:g}" for b in budgets):
                 cell[f"answer@{b}"] = round(sum(r["selectors"][name][b]["answer"] for r in sub) / len(sub), 3)
                 cell[f"sentence@{b}"] = round(sum(r["selectors"][name][b]["sentence"] for r in sub) / len(sub), 3)
@@ -157,7 +163,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, by_kind in result["summary"].items():
         a = by_kind["all"]
-        cells = [name, *(f"{a[f'sentence@{b}']:.2f}" for b in budgets),
+        cells = [_cell(name), *(f"{a[f'sentence@{b}']:.2f}" for b in budgets),
                  *(f"{by_kind[k][f'sentence@{mid}']:.2f}" for k in kinds[:-1]),
                  f"{a['quote_accuracy']:.2f}" if "quote_accuracy" in a else "-", f"{a['read_ms']:.0f}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
@@ -170,7 +176,7 @@ def markdown(result: dict[str, Any]) -> str:
 def across(results: Sequence[dict[str, Any]]) -> str:
     """One table over several runs (directions or lengths): a row per selector, a column per run,
     the answer-sentence recall of every answer item at each budget (``1% / 2% / 5%``), then the
-    selector's median read time per run."""
+    selector's median (and mean) read time per run."""
     names = list(dict.fromkeys(n for r in results for n in r["summary"]))
     runs = [f"{_short(r['sender'])} → {_short(r['receiver'])}" for r in results]
     head = ["selector", *runs, *(f"ms {run}" for run in runs)]
@@ -180,9 +186,15 @@ def across(results: Sequence[dict[str, Any]]) -> str:
         for r in results:
             cell = r["summary"].get(name, {}).get("all")
             recall.append(" / ".join(f"{cell[f'sentence@{b}']:.2f}" for b in r["budgets"]) if cell else "-")
-            times.append(f"{cell['read_ms']:.0f}" if cell else "-")
-        lines.append("| " + " | ".join([name, *recall, *times]) + " |")
+            times.append(f"{cell['read_ms']:.0f} ({cell['read_ms_mean']:.0f})" if cell and "read_ms_mean" in cell
+                         else f"{cell['read_ms']:.0f}" if cell else "-")  # fmt: skip
+        lines.append("| " + " | ".join([_cell(name), *recall, *times]) + " |")
     return "\n".join(lines)
+
+
+def _cell(name: str) -> str:
+    """A selector's name in a Markdown table cell (a fallback's ``|`` escaped)."""
+    return name.replace("|", "\\|")
 
 
 def _short(model: str) -> str:
