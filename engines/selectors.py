@@ -21,13 +21,14 @@ ranking and a budget into token positions (whole sentences, best first). Names, 
   question natively and points by the same read-out: works where neither side exposes attention
   (SGLang), at the price of one prefill of the context by the scout;
 - ``A+B``: the union of selectors A and B (their rankings interleaved, one sentence at a time),
-  e.g. ``sender-attention+lexical`` (the gateway's default); a part the hop's engines cannot run
+  e.g. ``sender-attention+lexical``; a part the hop's engines cannot run
   is left out;
 - ``A/B``: the gated union (``heterofold.select.gated``): A's sentences lead the interleaving when
   A is confident of its first one (lexical: the question's content words, IDF-weighted, covered
   at least ``GATE``), B's lead otherwise, e.g. ``lexical/sender-attention``;
 - ``A|B``: A alone when it is confident, else B's sentences first and then A's: B reads only
-  when A is unsure (a look-up costs lexical's time), e.g. ``lexical-hop|sender-attention``.
+  when A is unsure (a look-up costs lexical's time), e.g. ``lexical-hop|sender-attention`` (the
+  gateway's default).
 
 Candidates are the receiver's prompt tokens inside the shared sections that have a sender token and
 a non-empty span, before the end of the transferable prefix; the text the rankers read is the

@@ -82,7 +82,7 @@ class TransferPolicy(_Section):
     transfer: bool = True  # cross-model transfer through the active adapter
     same_model: bool = True  # between roles on one model: the identity adapter (RoPE re-applied)
     recompute_budget: float = Field(default=0.1, ge=0.0, le=1.0)
-    selector: str = "sender-attention+lexical"  # BENCHMARKS.md, "Which tokens to read"
+    selector: str = "lexical-hop|sender-attention"  # BENCHMARKS.md, "Which tokens to read"
     path: Literal["transfer", "map_quote", "quote"] | None = None
     min_uncached_tokens: int = Field(default=64, ge=1)
 
