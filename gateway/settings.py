@@ -81,7 +81,7 @@ class TransferPolicy(_Section):
     store_turns: bool = True  # export each turn's KV into the store for the next hop
     transfer: bool = True  # cross-model transfer through the active adapter
     same_model: bool = True  # between roles on one model: the identity adapter (RoPE re-applied)
-    recompute_budget: float = Field(default=0.1, ge=0.0, le=1.0)
+    recompute_budget: float = Field(default=0.02, ge=0.0, le=1.0)  # BENCHMARKS.md, "The served budget"
     selector: str = "lexical-hop|sender-attention"  # BENCHMARKS.md, "Which tokens to read"
     path: Literal["transfer", "map_quote", "quote"] | None = None
     min_uncached_tokens: int = Field(default=64, ge=1)
