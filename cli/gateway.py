@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import sys
 from collections.abc import Sequence
@@ -49,10 +50,11 @@ def run_main(config: Path | None = None) -> None:
         }
     )
     console.print(f"Loading {len(settings.engines)} engines and starting the gateway (data in {settings.data_dir})...")
-    try:
+    # Ctrl-C: uvicorn shuts down, _run says what the fits came to, and the signal is re-raised,
+    # reaching the loop before _run returns or not (a race): either way the job has stopped
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_run(settings, admin_key))
-    except KeyboardInterrupt:  # Ctrl-C: _run has said what the fits came to
-        console.print("Stopped.")
+    console.print("Stopped.")
 
 
 async def _run(settings: Settings, admin_key: str) -> None:
