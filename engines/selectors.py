@@ -40,7 +40,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -196,17 +196,31 @@ class Scout:
 
 
 @dataclass(frozen=True)
-class Union:
+class _Joined:
+    """Selectors made of parts (``Union``, ``Gated``, ``Fallback``), named by joining the parts'
+    names with ``SEP``."""
+
     parts: tuple[Selector, ...]
+    SEP: ClassVar[str] = "+"
 
     @property
     def name(self) -> str:
-        return "+".join(p.name for p in self.parts)
+        return self.SEP.join(p.name for p in self.parts)
 
     @property
     def needs_map(self) -> bool:
         return any(p.needs_map for p in self.parts)
 
+    async def _rest(self, ev: Evidence) -> Ranker | None:
+        """The parts after the first as one ranker (their union), or None when none can run here."""
+        try:
+            return await (Union(self.parts[1:]) if len(self.parts) > 2 else self.parts[1]).ranker(ev)
+        except SelectorUnavailable:
+            return None
+
+
+@dataclass(frozen=True)
+class Union(_Joined):
     async def ranker(self, ev: Evidence) -> Ranker:
         """The parts' rankings interleaved; a part this hop cannot run (an SGLang sender for
         sender-attention) is left out, so ``sender-attention+lexical`` is lexical there. Raises
@@ -223,39 +237,20 @@ class Union:
 
 
 @dataclass(frozen=True)
-class Gated:
-    parts: tuple[Selector, ...]  # the first is the one whose confidence decides the order
-
-    @property
-    def name(self) -> str:
-        return "/".join(p.name for p in self.parts)
-
-    @property
-    def needs_map(self) -> bool:
-        return any(p.needs_map for p in self.parts)
+class Gated(_Joined):
+    SEP: ClassVar[str] = "/"  # the first part's confidence decides the order
 
     async def ranker(self, ev: Evidence) -> Ranker:
         """``heterofold.select.gated`` over the parts' rankings; a part this hop cannot run is left
         out as in ``Union`` (with no part after the first, the first alone)."""
         first = await self.parts[0].ranker(ev)
-        try:
-            rest = await (Union(self.parts[1:]) if len(self.parts) > 2 else self.parts[1]).ranker(ev)
-        except SelectorUnavailable:
-            return first
-        return gated(first, rest)
+        rest = await self._rest(ev)
+        return first if rest is None else gated(first, rest)
 
 
 @dataclass(frozen=True)
-class Fallback:
-    parts: tuple[Selector, ...]  # the first is read always, the others only when it is unsure
-
-    @property
-    def name(self) -> str:
-        return "|".join(p.name for p in self.parts)
-
-    @property
-    def needs_map(self) -> bool:
-        return any(p.needs_map for p in self.parts)
+class Fallback(_Joined):
+    SEP: ClassVar[str] = "|"  # the first part is read always, the others only when it is unsure
 
     async def ranker(self, ev: Evidence) -> Ranker:
         """The first part alone when it is confident of its first sentence on this hop's text
@@ -267,11 +262,8 @@ class Fallback:
         confidence = first(spans_of(text, offsets)).confidence
         if confidence is None or confidence >= GATE:
             return first
-        try:
-            rest = await (Union(self.parts[1:]) if len(self.parts) > 2 else self.parts[1]).ranker(ev)
-        except SelectorUnavailable:
-            return first
-        return union(rest, first)
+        rest = await self._rest(ev)
+        return first if rest is None else union(rest, first)
 
 
 LEXICAL = Lexical()
