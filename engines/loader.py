@@ -19,6 +19,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from engines.attention import SDPA
 from engines.catalog import ZooEntry
 from engines.errors import ZooError
 from heterofold.spec import ModelSpec, SpecialTokens, fingerprint
@@ -74,6 +75,7 @@ def load_converted(folder: Path, manifest: dict[str, Any], device: str = "cpu") 
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
     model.to(device).eval()
+    model.config._attn_implementation = SDPA  # engines.attention: SDPA, the key/value groups left to the kernel on CPU
     spec = ModelSpec.from_hf(
         name=manifest["name"],
         config=model.config,

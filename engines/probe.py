@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from engines.attention import sdpa
 
 PROBE = "heterofold_probe_sdpa"
 
@@ -44,16 +45,17 @@ def _probe_sdpa(
     attention_mask: torch.Tensor | None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    out, _ = sdpa(module, query, key, value, attention_mask, **kwargs)
     record = _probe.get()
     layer = getattr(module, "layer_idx", None)
     if record is not None and layer in record.weights:
         n_all = query.shape[2]
         n = min(record.rows, n_all)
-        q = query[0, :, n_all - n :].float()  # (H, n, D)
-        k = repeat_kv(key, q.shape[0] // key.shape[1])[0].float()  # (H, S, D)
+        heads, groups = query.shape[1], key.shape[1]  # query heads h // (heads // groups) read key group h
+        q = query[0, :, n_all - n :].float().reshape(groups, heads // groups * n, -1)  # (G, H/G * n, D)
+        k = key[0].float()  # (G, S, D): each group's keys once, not copied out to its heads
         scaling = kwargs.get("scaling") or getattr(module, "scaling", q.shape[-1] ** -0.5)
-        scores = q @ k.transpose(-1, -2) * scaling  # (H, n, S)
+        scores = (q @ k.transpose(-1, -2) * scaling).reshape(heads, n, -1)  # (H, n, S)
         softcap = kwargs.get("softcap") or getattr(module, "attn_logit_softcapping", None)
         if softcap:
             scores = torch.tanh(scores / softcap) * softcap

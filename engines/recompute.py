@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, DynamicLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from engines.attention import STOCK, sdpa
 from engines.errors import KVMismatch
 from heterofold.kv import KVCache
 from heterofold.spec import ModelSpec
@@ -49,10 +49,10 @@ def _blocked_sdpa(
     """SDPA, except on a sliding layer during a recompute: block by block over the allowed keys."""
     blocks = _blocks.get()
     if blocks is None or not kwargs.get("sliding_window") or attention_mask is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return sdpa(module, query, key, value, attention_mask, **kwargs)
     outs = []
     for rows, cols in blocks:
-        out, _ = sdpa_attention_forward(
+        out, _ = sdpa(
             module,
             query[:, :, rows],
             key[:, :, cols],
@@ -87,7 +87,7 @@ def _blocked(model: Any, blocks: Blocks) -> Iterator[None]:
     caller runs one pass on ``model`` at a time (``recompute_sync``), so switching the config is safe."""
     config = model.config
     before = config._attn_implementation
-    if not blocks or before != "sdpa":  # no sliding layer, or another kernel: the masks alone do it
+    if not blocks or before not in STOCK:  # no sliding layer, or another kernel: the masks alone do it
         yield
         return
     token = _blocks.set(blocks)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from engines.attention import SDPA
 from engines.local import LocalEngine
 from engines.queries import heads_first
 from engines.selectors import HopText
@@ -96,7 +97,7 @@ def test_blocked_sliding_attention_equals_the_masked_pass(load_engine, monkeypat
         assert len(blocks) > 1 and all(len(cols) < T for _, cols in blocks)
         calls: list[int] = []
         with monkeypatch.context() as m:
-            m.setattr(rc, "sdpa_attention_forward", _counting(rc.sdpa_attention_forward, calls))
+            m.setattr(rc, "sdpa", _counting(rc.sdpa, calls))
             blocked = run(engine.recompute(noisy, positions))
         sliding = sum(1 for w in engine.spec.windows if w)
         assert len(calls) == engine.spec.num_layers - sliding + sliding * len(blocks)  # the blocked kernel ran
@@ -105,7 +106,7 @@ def test_blocked_sliding_attention_equals_the_masked_pass(load_engine, monkeypat
             plain = run(engine.recompute(noisy, positions))
         for a, b in zip(blocked.keys + blocked.values, plain.keys + plain.values, strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-        assert engine.model.config._attn_implementation == "sdpa"  # restored after the pass
+        assert engine.model.config._attn_implementation == SDPA  # restored after the pass
 
 
 def test_identity_transfer_through_templates_reproduces_native_logits(load_engine) -> None:  # type: ignore[no-untyped-def]
