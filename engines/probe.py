@@ -3,9 +3,11 @@
 The selectors that choose by meaning (``engines/selectors.py``) need, for a few query tokens run
 over a cached context, each head's attention weights over the keys. SDPA does not return them, so
 ``probing(model, layers, rows)`` routes the model's attention through ``_probe_sdpa`` for one
-pass: it computes the layer's output with SDPA as usual and, on the layers asked for, also
-``softmax(q k^T * scaling)`` for the last ``rows`` queries only (a long prompt costs O(rows x S),
-not O(S^2)) under the pass's mask over ``cache + new`` keys, averaged over heads.
+pass: it computes the layer's output with the model's own attention function (the engine's SDPA,
+``engines/attention.py``) as usual and, on the layers asked for, also ``softmax(q k^T * scaling)``
+for the last ``rows`` queries only (a long prompt costs O(rows x S), not O(S^2)) under the pass's
+mask over ``cache + new`` keys, averaged over heads, each key/value group's keys read once for the
+query heads that share them (not copied out per head).
 The probe registers SDPA's mask function too: an attention name with no mask function of its own
 gets no mask at all, and SDPA's implicit causal mask is wrong for a pass that continues a cache.
 Only full-attention layers are probed: a sliding layer's cache holds the last window only.
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from engines.attention import sdpa
 
@@ -32,6 +35,7 @@ PROBE = "heterofold_probe_sdpa"
 class _Record:
     rows: int  # the last query rows of each pass to record
     weights: dict[int, torch.Tensor | None]
+    kernel: Any = sdpa  # the model's own attention function, which computes every layer's output
 
 
 _probe: contextvars.ContextVar[_Record | None] = contextvars.ContextVar("heterofold_probe", default=None)
@@ -45,8 +49,9 @@ def _probe_sdpa(
     attention_mask: torch.Tensor | None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    out, _ = sdpa(module, query, key, value, attention_mask, **kwargs)
     record = _probe.get()
+    kernel = record.kernel if record is not None else sdpa
+    out, _ = kernel(module, query, key, value, attention_mask, **kwargs)
     layer = getattr(module, "layer_idx", None)
     if record is not None and layer in record.weights:
         n_all = query.shape[2]
@@ -83,7 +88,7 @@ def probing(model: Any, layers: list[int], rows: int = 1) -> Iterator[dict[int, 
     pass at a time, so switching the config is safe."""
     config = model.config
     before = config._attn_implementation
-    record = _Record(rows, dict.fromkeys(layers))
+    record = _Record(rows, dict.fromkeys(layers), ALL_ATTENTION_FUNCTIONS.get_interface(before, sdpa))
     token = _probe.set(record)
     config._attn_implementation = PROBE
     try:
