@@ -78,6 +78,7 @@ class TurnAccounting:
             heterofold=HeteroFoldUsage(
                 path=plan.path,
                 adapter_version=plan.adapter_version,
+                selector=plan.selector,
                 tokens_transferred=plan.tokens_transferred,
                 tokens_recomputed=plan.tokens_recomputed,
                 transfer_ms=round(plan.transfer_ms, 2),

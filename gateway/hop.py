@@ -3,10 +3,11 @@
 1. ``prefix``: the longest cached prefix of the prompt for the receiver's own model (and tenant).
 2. A cross-model hop, when step 1 leaves at least ``min_uncached_tokens`` uncached and the
    conversation's latest turn came from another model (or another role on this model) and shares
-   text with this prompt (``heterofold.align.shared_sections``). The role's selector
-   (``policy.selector``, ``engines/selectors.py``) chooses ``recompute_budget`` of the shared
-   context's tokens, and the route's path (``policy.path``; by default ``map_quote`` across
-   families and ``transfer`` between roles on one model on an engine that recomputes in place,
+   text with this prompt (``heterofold.align.shared_sections``). The role's selector for the
+   sender (``policy.sender_selectors``, else ``policy.selector``; ``engines/selectors.py``)
+   chooses ``recompute_budget`` of the shared context's tokens, and the route's path
+   (``policy.path``; by default ``map_quote`` across families and ``transfer`` between roles on
+   one model on an engine that recomputes in place,
    ``quote`` on one that cannot, such as SGLang: ``Hop.path_for``) says what is done with them:
    - ``transfer``: with the adapter that serves (sender fingerprint, receiver fingerprint), map
      the sender's KV and recompute natively the unaligned tokens, the tail window W and the
@@ -77,9 +78,9 @@ class Hop:
     def contents(self) -> list[str]:
         return [m["content"] for m in self.messages]
 
-    @property
-    def selector(self) -> Selector:
-        return make_selector(self.policy.selector)
+    def selector(self, inputs: TransferInputs) -> Selector:
+        """The policy's selector for a hop from ``inputs``' sender (``sender_selectors``, else ``selector``)."""
+        return make_selector(self.policy.selector_for(inputs.sender.engine))
 
     def path_for(self, pair: tuple[str, str]) -> Path:
         """The route's path for a hop from fingerprint ``pair[0]``: the policy's, else the default
@@ -126,6 +127,7 @@ class HopPlan:
     tokens_recomputed: int = 0
     transfer_ms: float = 0.0
     fallback: str | None = None
+    selector: str | None = None  # the selector that chose the spans recomputed or quoted
     inputs: TransferInputs | None = None  # set when a transfer was possible
     prompt: Prompt | None = None  # set when the path rewrote the prompt
 
@@ -275,18 +277,21 @@ class HopPlanner:
             return None
         adapter, ref = chosen
         prompt = None
+        selector = hop.selector(inputs)
         if path == "map_quote":
-            selection = await select(hop.selector, self.evidence(hop, inputs), hop.policy.recompute_budget)
+            selection = await select(selector, self.evidence(hop, inputs), hop.policy.recompute_budget)
             last, head = quoted_last(hop, inputs.sections, selection.positions)
             prompt = hop_prompt(hop, [*hop.messages[:-1], last])
             q_hop = replace(hop, text=prompt.text, ids=prompt.ids, offsets=prompt.offsets)
             sections = shared_sections(inputs.sender.text, prompt.text, [*hop.contents[:-1], head])
             if not sections:  # nothing shared before the quote: nothing to map
                 return None
-            result = await run_transfer(adapter, q_hop, replace(inputs, sections=sections), budget=0.0)
+            result = await run_transfer(adapter, q_hop, replace(inputs, sections=sections), selector, budget=0.0)
             result = replace(result, select_ms=selection.ms)
         else:
-            result = await run_transfer(adapter, hop, inputs, sender=self.engines(inputs.pair[0]), scout=self.scout)
+            result = await run_transfer(
+                adapter, hop, inputs, selector, sender=self.engines(inputs.pair[0]), scout=self.scout
+            )
         return HopPlan(
             path,
             result.kv,
@@ -296,6 +301,7 @@ class HopPlanner:
             tokens_transferred=result.mapped,
             tokens_recomputed=result.recomputed,
             transfer_ms=result.total_ms,
+            selector=selector.name if path == "map_quote" or hop.policy.recompute_budget > 0 else None,
             inputs=inputs,
             prompt=prompt,
         )
@@ -308,11 +314,12 @@ class HopPlanner:
 
     async def _quote(self, hop: Hop, inputs: TransferInputs) -> HopPlan:
         """No KV: the earlier messages' shared text cut down to the selector's spans."""
-        selection = await select(hop.selector, self.evidence(hop, inputs), hop.policy.recompute_budget)
+        selector = hop.selector(inputs)
+        selection = await select(selector, self.evidence(hop, inputs), hop.policy.recompute_budget)
         prompt = hop_prompt(hop, quoted_messages(hop, inputs.sections, selection.positions))
         return HopPlan(
             "quote", route=f"{self.names(inputs.pair[0]) or '?'} -> {hop.engine_name}", transfer_ms=selection.ms,
-            inputs=inputs, prompt=prompt,
+            selector=selector.name, inputs=inputs, prompt=prompt,
         )  # fmt: skip
 
 
@@ -323,12 +330,12 @@ def hop_text(hop: Hop, inputs: TransferInputs) -> HopText:
 
 
 async def run_transfer(
-    adapter: Adapter, hop: Hop, inputs: TransferInputs, *, budget: float | None = None,
-    sender: Engine | None = None, scout: Engine | None = None,
+    adapter: Adapter, hop: Hop, inputs: TransferInputs, selector: Selector | None = None, *,
+    budget: float | None = None, sender: Engine | None = None, scout: Engine | None = None,
 ) -> TransferResult:  # fmt: skip
-    """``engines.transfer.transfer`` for this hop, with the role's selector and budget."""
+    """``engines.transfer.transfer`` for this hop, with the role's selector (for this sender) and budget."""
     return await transfer(
-        adapter, hop_text(hop, inputs), hop.engine, selector=hop.selector,
+        adapter, hop_text(hop, inputs), hop.engine, selector=selector or hop.selector(inputs),
         budget=hop.policy.recompute_budget if budget is None else budget, tail=hop.tail_window,
         sender=sender, scout=scout,
     )  # fmt: skip

@@ -60,6 +60,7 @@ class PromptTokensDetails(BaseModel):
 class HeteroFoldUsage(BaseModel):
     path: Path
     adapter_version: str | None = None
+    selector: str | None = None  # which selector chose the spans recomputed or quoted (engines/selectors.py)
     tokens_transferred: int = 0
     tokens_recomputed: int = 0
     transfer_ms: float = 0.0

@@ -73,7 +73,9 @@ class TransferPolicy(_Section):
     message: recomputed natively (path ``transfer``) or quoted as text (``map_quote``, ``quote``).
     ``path`` names the cross-model path (gateway/hop.py); unset, on an engine that recomputes in
     place it is ``map_quote`` across families and ``transfer`` between roles on one model, and
-    ``quote`` on one that cannot (SGLang). ``min_uncached_tokens`` is
+    ``quote`` on one that cannot (SGLang). ``sender_selectors`` names another selector for hops
+    from a given engine (by its key under ``engines``): how well a selector that reads the sender
+    chooses depends on the sender. ``min_uncached_tokens`` is
     how long the prefix left after same-model reuse must be before a cross-model hop is worth its
     fixed cost."""
 
@@ -83,6 +85,7 @@ class TransferPolicy(_Section):
     same_model: bool = True  # between roles on one model: the identity adapter (RoPE re-applied)
     recompute_budget: float = Field(default=0.02, ge=0.0, le=1.0)  # BENCHMARKS.md, "The served budget"
     selector: str = "lexical-hop|sender-attention"  # BENCHMARKS.md, "Which tokens to read"
+    sender_selectors: dict[str, str] = Field(default_factory=dict)  # sender engine -> selector for its hops
     path: Literal["transfer", "map_quote", "quote"] | None = None
     min_uncached_tokens: int = Field(default=64, ge=1)
 
@@ -91,6 +94,17 @@ class TransferPolicy(_Section):
     def _known_selector(cls, name: str) -> str:
         make_selector(name)  # ValueError names the selectors there are
         return name
+
+    @field_validator("sender_selectors")
+    @classmethod
+    def _known_selectors(cls, names: dict[str, str]) -> dict[str, str]:
+        for name in names.values():
+            make_selector(name)
+        return names
+
+    def selector_for(self, sender: str) -> str:
+        """The selector's name for a hop from engine ``sender``."""
+        return self.sender_selectors.get(sender, self.selector)
 
 
 class RoleSettings(_Section):
@@ -235,6 +249,11 @@ class Settings(BaseSettings):
         for name, role in self.roles.items():
             if role.engine not in self.engines:
                 raise ValueError(f"role {name!r} names engine {role.engine!r}, not one of {sorted(self.engines)}")
+            unknown = sorted(set(role.policy.sender_selectors) - set(self.engines))
+            if unknown:
+                raise ValueError(
+                    f"role {name!r}: policy.sender_selectors names engines {unknown}, not among {sorted(self.engines)}"
+                )
         if not self.roles:
             raise ValueError("the config names no roles")
         return self

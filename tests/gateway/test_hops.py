@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.settings import ShadowSettings
-from tests.gateway.conftest import Gateway, make_settings
+from tests.gateway.conftest import SMOL, Gateway, make_settings
 from tests.gateway.helpers import CONTEXT, ask, upload
 
 pytestmark = pytest.mark.models
@@ -62,14 +62,16 @@ def test_hop_without_an_adapter_for_the_pair_prefills_natively(gateway: Gateway)
 def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
     start_gateway: Callable[..., Gateway], fitted_adapter: Path
 ) -> None:
-    """Two gemma3 roles on the same hop: ``critic`` on ``transfer`` (map + recompute of the chosen
+    """Three gemma3 roles on the same hop: ``critic`` on ``transfer`` (map + recompute of the chosen
     tokens), ``summarizer`` on the default path across families, ``map_quote`` (the map, and the
-    chosen spans as text)."""
+    chosen spans as text), and ``briefer`` like it with another selector for hops from smollm2."""
     roles = make_settings(Path("unused")).roles
     summarizer = roles["summarizer"]
     assert summarizer.policy.path == "transfer"  # the suite's explicit choice
     roles["critic"] = summarizer
     roles["summarizer"] = summarizer.model_copy(update={"policy": summarizer.policy.model_copy(update={"path": None})})
+    by_sender = roles["summarizer"].policy.model_copy(update={"sender_selectors": {SMOL: "lexical"}})
+    roles["briefer"] = summarizer.model_copy(update={"policy": by_sender})
     gateway = start_gateway(roles=roles, shadow=ShadowSettings(sample_rate=1.0, shadow_rate=0.0))
     upload(gateway, fitted_adapter)
     question = [{"role": "user", "content": f"{CONTEXT}\n\nSummarize."}]
@@ -93,13 +95,16 @@ def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
     hf, prompt_tokens, cached = hop("summarizer", "conv-map-quote")
     assert transferred["path"] == "transfer" and transfer_tokens == native_tokens
     assert hf["path"] == "map_quote" and hf["adapter_version"] == "test-v1" and hf["fallback"] is None
+    assert alone["selector"] is None and transferred["selector"] == hf["selector"] == "lexical-hop|sender-attention"
     assert hf["tokens_transferred"] > 300 and cached >= hf["tokens_transferred"]
     # the chosen tokens (recompute_budget 10% of the context) are quoted, not recomputed ...
     chosen = transferred["tokens_recomputed"] - hf["tokens_recomputed"]
     assert 0.05 * cached < chosen < 0.2 * cached
     # ... as text at the head of the question, after the context
     assert native_tokens + 0.5 * chosen < prompt_tokens < native_tokens + 3 * chosen
-    gateway.settle()  # both hops' shadow runs: each re-runs natively the prompt its engine ran
+    briefed, _, _ = hop("briefer", "conv-by-sender")
+    assert briefed["path"] == "map_quote" and briefed["selector"] == "lexical"
+    gateway.settle()  # the hops' shadow runs: each re-runs natively the prompt its engine ran
     with gateway.http(None) as http:
         metrics = http.get("/metrics").text
-    assert 'heterofold_shadow_samples_total{version="test-v1"} 2.0' in metrics
+    assert 'heterofold_shadow_samples_total{version="test-v1"} 3.0' in metrics
