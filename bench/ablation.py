@@ -7,6 +7,12 @@ accuracy on the look-up kinds, accuracy on the kinds the lexical selector cannot
 whole-context kinds (summary, continue), with the median TTFT. Then "what the map adds" per kind.
 
     python -m bench.ablation artifacts/results/ablation_*.json > tables.md
+    python -m bench.ablation --targets docs/results/ablation_*.json docs/results/mapquote_*.json
+
+``--targets`` prints instead one row per direction and map against the targets of the issue "make
+the mapped cache carry the context", files of one direction merged (a path's first file wins):
+map-only against no_context, map + recompute against recompute_only and quote, retention of native
+accuracy over the answer items, and behaviour fidelity, at the budgets up to 5% that were run.
 """
 
 from __future__ import annotations
@@ -75,7 +81,85 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+ANSWER = GROUPS["look-up"] + GROUPS["meaning"]
+
+
+def _mean(rows: dict[str, dict[str, Any]], field: str, kinds: tuple[str, ...]) -> float | None:
+    vals = [float(x[field]) for x in rows.values() if x["kind"] in kinds and x.get(field) is not None]
+    return statistics.mean(vals) if vals else None
+
+
+def _merged(results: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]]:
+    out: dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]] = {}
+    for r in results:
+        paths = out.setdefault((r["sender"], r["receiver"]), {})
+        for path, rows in r["per_item"].items():
+            paths.setdefault(path, rows)
+    return out
+
+
+def _fmt(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def targets(results: list[dict[str, Any]]) -> str:
+    """One row per direction and map (module docstring)."""
+    lines = [
+        "| direction | map | map-only vs no_context: answer acc; whole-context KL "
+        "| whole-context KL, map+recompute / recompute_only / quote, per budget "
+        "| look-up acc, map+recompute / quote, per budget | retention, best map path <= 5% "
+        "| fidelity (KL, top-1), best map path <= 5% | map+quote (quote): retention, KL, per budget |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (sender, receiver), paths in sorted(_merged(results).items()):
+        native = _mean(paths["native"], "correct", ANSWER) or 0.0
+        none = paths.get("no_context", {})
+        budgets = sorted({float(b) for p in paths for b in [p.partition("@")[2]] if b and 0 < float(b) <= 0.05})
+        maps = sorted({p.partition("@")[0] for p in paths if p.endswith("@0") and "+" not in p})
+        for m in maps:
+            only = paths[f"{m}@0"]
+            a_only, a_none = _mean(only, "correct", ANSWER), _mean(none, "correct", ANSWER)
+            k_only, k_none = _mean(only, "kl", FIDELITY), _mean(none, "kl", FIDELITY)
+            kl_cells, look_cells, quote_cells, best_ret, best_fid = [], [], [], None, None
+            for b in budgets:
+                at = f"@{b:g}"
+                got = {name: paths.get(name + at, {}) for name in (m, "recompute_only", "quote", f"{m}+quote")}
+                kls = [_mean(got[n], "kl", FIDELITY) for n in (m, "recompute_only", "quote")]
+                kl_cells.append(f"{b:g}: " + " / ".join(_fmt(k, "{:.3f}") for k in kls))
+                looks = [_mean(got[n], "correct", GROUPS["look-up"]) for n in (m, "quote")]
+                look_cells.append(f"{b:g}: " + " / ".join(_fmt(a) for a in looks))
+                for name in (m, f"{m}+quote"):
+                    rows = got[name]
+                    acc = _mean(rows, "correct", ANSWER)
+                    if acc is not None and native:
+                        ret = acc / native
+                        if best_ret is None or ret > best_ret[0]:
+                            best_ret = (ret, name + at)
+                    kl, top1 = _mean(rows, "kl", FIDELITY), _mean(rows, "top1", FIDELITY)
+                    if kl is not None and (best_fid is None or kl < best_fid[0]):
+                        best_fid = (kl, top1, name + at)
+                cell = []
+                for name in (f"{m}+quote", "quote"):
+                    acc = _mean(got[name], "correct", ANSWER)
+                    share = None if acc is None or not native else acc / native
+                    cell.append(f"{_fmt(share)}, {_fmt(_mean(got[name], 'kl', FIDELITY), '{:.3f}')}")
+                if got[f"{m}+quote"]:
+                    quote_cells.append(f"{b:g}: {cell[0]} (quote {cell[1]})")
+            lines.append(
+                f"| {sender} → {receiver} | {m} | {_fmt(a_only)} vs {_fmt(a_none)}; "
+                f"{_fmt(k_only, '{:.3f}')} vs {_fmt(k_none, '{:.3f}')} | {'; '.join(kl_cells)} "
+                f"| {'; '.join(look_cells)} "
+                f"| {'-' if best_ret is None else f'{best_ret[0]:.2f} ({best_ret[1]})'} "
+                f"| {'-' if best_fid is None else f'{best_fid[0]:.3f}, {_fmt(best_fid[1])} ({best_fid[2]})'} "
+                f"| {'; '.join(quote_cells) or '-'} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--targets"]:
+        print(targets([json.loads(Path(name).read_text()) for name in argv[1:]]))
+        return
     for name in argv:
         print(table(json.loads(Path(name).read_text())))
         print()
