@@ -88,8 +88,8 @@ class Hop:
         context?"): ``quote`` on an engine that cannot recompute in place (SGLang); on one that
         can, ``transfer`` between roles on one model (the identity map is exact) and ``map_quote``
         across families (the mapped context with the chosen spans quoted answered more look-ups
-        than the map with them recomputed, at about the same whole-context KL, for both maps on
-        both directions measured)."""
+        than the same map with them recomputed, at about the same whole-context KL, on every
+        comparison made: five directions, both maps)."""
         if self.policy.path is not None:
             return self.policy.path
         if not self.engine.recomputes_in_place:
