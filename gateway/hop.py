@@ -127,7 +127,7 @@ class HopPlan:
     tokens_recomputed: int = 0
     transfer_ms: float = 0.0
     fallback: str | None = None
-    selector: str | None = None  # the selector that chose the spans recomputed or quoted
+    selector: str | None = None  # the selector that chose the spans recomputed or quoted (none at budget 0)
     inputs: TransferInputs | None = None  # set when a transfer was possible
     prompt: Prompt | None = None  # set when the path rewrote the prompt
 
@@ -301,7 +301,7 @@ class HopPlanner:
             tokens_transferred=result.mapped,
             tokens_recomputed=result.recomputed,
             transfer_ms=result.total_ms,
-            selector=selector.name if path == "map_quote" or hop.policy.recompute_budget > 0 else None,
+            selector=selector.name if hop.policy.recompute_budget > 0 else None,
             inputs=inputs,
             prompt=prompt,
         )
@@ -319,7 +319,7 @@ class HopPlanner:
         prompt = hop_prompt(hop, quoted_messages(hop, inputs.sections, selection.positions))
         return HopPlan(
             "quote", route=f"{self.names(inputs.pair[0]) or '?'} -> {hop.engine_name}", transfer_ms=selection.ms,
-            selector=selector.name, inputs=inputs, prompt=prompt,
+            selector=selector.name if hop.policy.recompute_budget > 0 else None, inputs=inputs, prompt=prompt,
         )  # fmt: skip
 
 
