@@ -38,6 +38,13 @@ def fit(
     gates: Annotated[
         bool, typer.Option(help="distilled: also learn a per-head temperature and value gain for mapped tokens.")
     ] = False,
+    distill_path: Annotated[
+        str,
+        typer.Option(
+            help="distilled: the path to fit for: recompute (chosen tokens native in place) or quote "
+            "(the whole context mapped, the chosen spans quoted after it, as map_quote hops serve)."
+        ),
+    ] = "recompute",
     version: Annotated[str | None, typer.Option(help="Version label (default: method-date).")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
@@ -49,6 +56,9 @@ def fit(
 
     if method not in ("heterofold", "kv-ridge", "distilled"):
         err.print(f"[red]error:[/red] unknown method {method!r}: heterofold, kv-ridge or distilled")
+        raise typer.Exit(2)
+    if distill_path not in ("recompute", "quote"):
+        err.print(f"[red]error:[/red] unknown --distill-path {distill_path!r}: recompute or quote")
         raise typer.Exit(2)
     with errors():
         zoo = Zoo(cache_dir)
@@ -71,7 +81,7 @@ def fit(
                 contexts = distill_contexts(seed, distill_docs)
                 adapter = asyncio.run(
                     distill_direction(s, r, base, contexts=contexts, version=label, seed=seed, steps=steps, rank=rank,
-                                      gates=gates, progress=progress)
+                                      gates=gates, path=distill_path, progress=progress)
                 )  # fmt: skip
             else:
                 adapter = asyncio.run(

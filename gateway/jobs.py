@@ -58,7 +58,8 @@ from gateway.registry.db import Database
 from gateway.registry.fit_jobs import ACTIVE
 from gateway.registry.tables import FitJobRow, utcnow
 from gateway.resolver import AdapterResolver
-from harness.fit_on_engines import default_corpus, fit_direction
+from gateway.settings import DistillSettings
+from harness.fit_on_engines import METHODS, default_corpus, fit_or_distill
 from store.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ class FitJobs:
     def __init__(self, *, db: Database, pool: EnginePool, resolver: AdapterResolver, adapters_dir: Path,
                  background: Background, events: EventLog, metrics: Metrics, retries: int = 0,
                  backoff_s: float = 0.0, replica: str | None = None, stale_after_s: float = 120.0,
-                 save_every_s: float = 1.0) -> None:  # fmt: skip
+                 save_every_s: float = 1.0, distill: DistillSettings | None = None) -> None:  # fmt: skip
         if retries < 0 or backoff_s < 0:
             raise ValueError("retries and backoff_s must not be negative")
         if not 0 < save_every_s < stale_after_s:
@@ -139,6 +140,7 @@ class FitJobs:
             raise ValueError("replica must be at most 200 characters")
         self.stale_after_s = stale_after_s
         self.save_every_s = save_every_s
+        self.distill = distill or DistillSettings()  # how a ``distilled`` job distils its KV Ridge map
         self.jobs: dict[str, Job] = {}  # the jobs this replica runs, as its runner sees them
         self._one_at_a_time = asyncio.Lock()
         self._stopping = threading.Event()
@@ -212,8 +214,8 @@ class FitJobs:
                 raise InvalidRequest(f"engine {name} is not a local engine; fit it where it runs")
         if sender == receiver:
             raise InvalidRequest("sender and receiver must be different engines")
-        if method not in ("heterofold", "kv-ridge"):
-            raise InvalidRequest(f"unknown method {method!r}: heterofold or kv-ridge", param="method")
+        if method not in METHODS:
+            raise InvalidRequest(f"unknown method {method!r}: {', '.join(METHODS)}", param="method")
 
     def _stale_before(self) -> datetime:
         return utcnow() - timedelta(seconds=self.stale_after_s)
@@ -354,8 +356,9 @@ class FitJobs:
         progress("starting", 0, 0)  # a retry after stop() or a cancel gives up here
         texts = default_corpus(0, job.docs)
         adapter = asyncio.run(
-            fit_direction(sender, receiver, method=job.method, texts=texts, seed=0, version=job.version,
-                          max_tokens=job.max_tokens, progress=progress)
+            fit_or_distill(sender, receiver, method=job.method, texts=texts, seed=0, version=job.version,
+                           max_tokens=job.max_tokens, distill_docs=self.distill.docs, distill_steps=self.distill.steps,
+                           distill_path=self.distill.path, progress=progress)
         )  # fmt: skip
         folder = new_folder(self.adapters_dir, job.sender, job.receiver)
         sha = adapter.save(folder)

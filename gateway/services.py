@@ -110,6 +110,7 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
         db=db, pool=pool, resolver=resolver, adapters_dir=settings.adapters_dir, background=background,
         events=store.events, metrics=metrics, retries=b.fit_retries, backoff_s=b.fit_retry_backoff_s,
         replica=store.config.node,  # the name the dashboard's tier memory and the jobs table show
+        distill=b.distill,
     )  # fmt: skip
     services = Services(settings, keys, metrics, store, db, pool, resolver, chat, jobs, background, requests)
     loop = asyncio.get_running_loop()

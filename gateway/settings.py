@@ -155,17 +155,29 @@ class ShadowSettings(_Section):
         return samples >= self.min_samples and mean_kl > self.drift_kl_threshold
 
 
+class DistillSettings(_Section):
+    """How a ``distilled`` fit job (bootstrap or admin) distils the KV Ridge map it fits first:
+    ``docs`` stdlib contexts, ``steps`` gradient steps, for the transfer ``path`` (``recompute``:
+    the chosen tokens native in place, as ``transfer`` hops serve them; ``quote``: the whole
+    context mapped and the chosen spans quoted after it, as ``map_quote`` hops serve them)."""
+
+    docs: int = Field(default=16, ge=2)
+    steps: int = Field(default=200, ge=1)
+    path: Literal["recompute", "quote"] = "quote"
+
+
 class BootstrapSettings(_Section):
     """Adapters fitted in background jobs at start for directions that have none (``heterofold run``).
     ``fit_retries`` applies to every fit job, admin-started ones too: a fit that raises runs again
-    after ``fit_retry_backoff_s``, doubled before each further attempt."""
+    after ``fit_retry_backoff_s``, doubled before each further attempt; ``distill`` too."""
 
     fit_missing: bool = False
-    method: Literal["heterofold", "kv-ridge"] = "heterofold"
+    method: Literal["heterofold", "kv-ridge", "distilled"] = "heterofold"
     docs: int = Field(default=8, ge=2)
     max_tokens: int = Field(default=512, ge=64)
     fit_retries: int = Field(default=2, ge=0)  # attempts after the first; then a fit.failed alert
     fit_retry_backoff_s: float = Field(default=5.0, ge=0.0)
+    distill: DistillSettings = DistillSettings()
 
 
 class DashboardSettings(_Section):

@@ -4,11 +4,19 @@ Training examples are built the way a hop is served: the context (stdlib docstri
 time) as a user message, processed by the sender; the receiver's prompt is the context, then a
 generic question about it (``QUESTIONS``: wording and documents of their own, never the evaluation
 suite's), then ``Answer:``; the receiver's native greedy answer (``answer_tokens``) is the target.
-For each recompute budget in ``budgets`` the lexical selector (``engines.selectors``, as the eval runs it) picks
-the context tokens that stay native, as selective recompute leaves them: the map learns to be a
-background that helps the recomputed tokens, not one that competes with them. During fitting the
-chosen tokens take their native KV from a full native prefill (the recompute's exact result when
-the rest of the cache is native; the approximation a fit can afford).
+For each recompute budget in ``budgets`` the lexical selector (``engines.selectors``, as the eval runs it)
+chooses context tokens, and ``path`` says what a document does with them, as the path the map is
+fitted for serves them:
+- ``recompute``: the chosen tokens stay native, as selective recompute leaves them: the map learns
+  to be a background that helps the recomputed tokens, not one that competes with them. During
+  fitting they take their native KV from a full native prefill (the recompute's exact result when
+  the rest of the cache is native; the approximation a fit can afford);
+- ``quote``: the whole context is mapped and the chosen spans are quoted as text between the
+  context and the question (``heterofold.select.quote_into``, as the gateway's ``map_quote`` hop
+  and the eval's ``{method}+quote`` path build it); the target is the receiver's answer with its
+  native context and the same quoted suffix, so the map learns to be a background that leaves the
+  receiver reading the quote as it would with its own cache.
+Budget 0 is map-only under either path.
 
 Steps cycle over the training documents; every ``eval_every`` steps the held-out KL is measured
 and the best parameters so far are kept (early stopping, since a small corpus overfits).
@@ -20,18 +28,20 @@ import functools
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 
 from engines.base import SamplingParams
 from engines.hf_cache import import_kv
 from engines.local import LocalEngine
-from engines.selectors import LEXICAL, Evidence, candidates, select
-from harness.evaluate import eval_hop
+from engines.selectors import LEXICAL, Evidence, HopText, candidates, select
+from harness.evaluate import eval_hop, receiver_prompt
 from heterofold.adapter import Adapter
+from heterofold.align import shared_sections
 from heterofold.distill import DistillDoc, LowRankResidual, doc_features, kl_loss, split_docs
 from heterofold.kv import KVCache
-from heterofold.select import sentence_spans
+from heterofold.select import elide, quote_into, sentence_spans
 from heterofold.tasks import TaskItem
 
 QUESTIONS = (
@@ -40,6 +50,7 @@ QUESTIONS = (
     "What does the text above say about {word}?",
     "Repeat the sentence of the text above that mentions {word}.",
 )
+PATHS = ("recompute", "quote")  # what a document does with the selector's choice (module docstring)
 Progress = Callable[[str, int, int], None]
 
 
@@ -58,6 +69,48 @@ def _question(rng: random.Random, context: str) -> str:
     return QUESTIONS[0]
 
 
+async def _native_doc(receiver: LocalEngine, adapter: Adapter, hop: HopText, answer_tokens: int) -> DistillDoc:
+    """A document over ``hop``'s receiver prompt: every aligned context token up to the
+    transferable prefix mapped, the rest of the prompt and the receiver's native greedy answer as
+    the suffix, and native's log-probabilities over that answer as the target."""
+    r_ids = list(hop.receiver_ids)
+    prefix = hop.transferable_prefix()
+    src = hop.source(prefix)
+    dense, _ = await receiver.prefill(r_ids[:prefix], dense=True)
+    full, _ = await receiver.prefill(r_ids[:-1])
+    answer = list((await receiver.complete(r_ids, SamplingParams(max_tokens=answer_tokens), past=full)).token_ids)
+    native = await receiver.score(r_ids + answer, past=dense.windowed(receiver.spec.windows))  # (S, V)
+    q = len(r_ids) - prefix  # suffix index of the first answer token
+    rows = slice(q - 1, q - 1 + len(answer))
+    x_k, x_v, aligned = doc_features(adapter, hop.sender_kv, src)
+    target = torch.log_softmax(native[rows].float(), -1)
+    return DistillDoc(
+        x_k=x_k, x_v=x_v, mapped=aligned, native_k=dense.keys, native_v=dense.values, token_ids=dense.token_ids,
+        suffix=torch.tensor(r_ids[prefix:] + answer), answer_rows=rows, target=target,
+    )  # fmt: skip
+
+
+def keep_native(doc: DistillDoc, positions: Sequence[int]) -> DistillDoc:
+    """``doc`` with ``positions`` native instead of mapped (selective recompute's cache)."""
+    chosen = {int(p) for p in positions}
+    mask = torch.tensor([int(p) not in chosen for p in doc.mapped], dtype=torch.bool)
+    return replace(doc, x_k=tuple(x[mask] for x in doc.x_k), x_v=tuple(x[mask] for x in doc.x_v),
+                   mapped=doc.mapped[mask])  # fmt: skip
+
+
+def quoted_hop(receiver: LocalEngine, hop: HopText, context: str, question: str, positions: Sequence[int]) -> HopText:
+    """``hop`` with the spans of ``positions`` (receiver tokens) quoted between the context and the
+    question, as the eval's ``{method}+quote`` path and the gateway's ``map_quote`` hop place them."""
+    quoted = elide(hop.receiver_text, [hop.receiver_offsets[j] for j in positions])
+    content = f"{context}\n\nQuestion: {question}"
+    shared = [(s.receiver_start, s.length) for s in hop.sections]
+    quoted_content, _ = quote_into(content, hop.receiver_text.rfind(content), shared, quoted)
+    text = receiver_prompt(receiver, quoted_content)
+    enc = receiver.encode(text)
+    return HopText(hop.sender_kv, hop.sender_text, hop.sender_offsets, text, enc.ids, enc.offsets,
+                   shared_sections(hop.sender_text, text, [context]), hop.question)  # fmt: skip
+
+
 async def build_docs(
     sender: LocalEngine,
     receiver: LocalEngine,
@@ -65,40 +118,32 @@ async def build_docs(
     contexts: Sequence[str],
     *,
     budgets: Sequence[float] = (0.0, 0.02),
+    path: str = "recompute",
     answer_tokens: int = 32,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> list[list[DistillDoc]]:
-    """Per context, one ``DistillDoc`` per budget (module docstring)."""
+    """Per context, one ``DistillDoc`` per budget, built for ``path`` (module docstring)."""
+    if path not in PATHS:
+        raise ValueError(f"unknown distillation path {path!r}: {', '.join(PATHS)}")
     rng = random.Random(seed)
     out = []
     for n, context in enumerate(contexts):
         question = _question(rng, context)
-        item = TaskItem(f"fit-{n}", context, question, "-")
-        hop = await eval_hop(sender, receiver, item)
-        s_kv, r_ids = hop.sender_kv, list(hop.receiver_ids)
+        hop = await eval_hop(sender, receiver, TaskItem(f"fit-{n}", context, question, "-"))
         prefix = hop.transferable_prefix()
-        src = hop.source(prefix)
-        ev = Evidence(hop, candidates(hop, src, prefix))
-        dense, _ = await receiver.prefill(r_ids[:prefix], dense=True)
-        full, _ = await receiver.prefill(r_ids[:-1])
-        answer = list((await receiver.complete(r_ids, SamplingParams(max_tokens=answer_tokens), past=full)).token_ids)
-        native = await receiver.score(r_ids + answer, past=dense.windowed(receiver.spec.windows))  # (S, V)
-        q = len(r_ids) - prefix  # suffix index of the first answer token
-        rows = slice(q - 1, q - 1 + len(answer))
-        target = torch.log_softmax(native[rows].float(), -1)
-        x_k, x_v, aligned = doc_features(adapter, s_kv, src)
+        ev = Evidence(hop, candidates(hop, hop.source(prefix), prefix))
+        plain = await _native_doc(receiver, adapter, hop, answer_tokens)
         docs = []
         for b in budgets:
-            chosen = set((await select(LEXICAL, ev, b)).positions) if b else set()
-            keep = torch.tensor([int(p) not in chosen for p in aligned], dtype=torch.bool)
-            docs.append(
-                DistillDoc(
-                    x_k=tuple(x[keep] for x in x_k), x_v=tuple(x[keep] for x in x_v), mapped=aligned[keep],
-                    native_k=dense.keys, native_v=dense.values, token_ids=dense.token_ids,
-                    suffix=torch.tensor(r_ids[prefix:] + answer), answer_rows=rows, target=target,
-                )
-            )  # fmt: skip
+            chosen = (await select(LEXICAL, ev, b)).positions if b else []
+            if not b:
+                docs.append(plain)
+            elif path == "quote":
+                docs.append(await _native_doc(receiver, adapter, quoted_hop(receiver, hop, context, question, chosen),
+                                              answer_tokens))  # fmt: skip
+            else:
+                docs.append(keep_native(plain, chosen))
         out.append(docs)
         if progress:
             progress("collect", n + 1, len(contexts))

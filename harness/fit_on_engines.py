@@ -10,12 +10,13 @@ from engines.local import LocalEngine
 from engines.transfer import collect_pairs
 from harness.distill_on_engines import build_docs, distill
 from heterofold.adapter import Adapter, Side
-from heterofold.corpus import stdlib_docstrings
+from heterofold.corpus import distill_contexts, stdlib_docstrings
 from heterofold.fit import calibrate_adapter, fit_adapter, stack_pairs
 from heterofold.suite import builtin_suite
 
 # Evaluation uses builtin_suite(seed=0); the fit corpus draws its task contexts from other seeds.
 FIT_SEED_OFFSET = 1000
+METHODS = ("heterofold", "kv-ridge", "distilled")  # what ``fit_or_distill`` fits
 
 
 def default_corpus(seed: int = 0, docs: int = 16) -> list[str]:
@@ -44,18 +45,22 @@ async def distill_direction(
     rank: int = 8,
     gates: bool = False,
     budgets: Sequence[float] = (0.0, 0.02),
+    path: str = "recompute",
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Adapter:
     """The ``distilled`` method: ``start`` (a fitted ridge map) distilled end to end through the
-    frozen receiver on ``contexts`` (``harness.distill_on_engines``)."""
+    frozen receiver on ``contexts`` (``harness.distill_on_engines``), for the transfer ``path``
+    (``recompute``: the chosen tokens recomputed in place; ``quote``: quoted after the context)."""
     t0 = time.perf_counter()
-    docs = await build_docs(sender, receiver, start, contexts, budgets=budgets, seed=seed, progress=progress)
+    docs = await build_docs(sender, receiver, start, contexts, budgets=budgets, path=path, seed=seed,
+                            progress=progress)  # fmt: skip
     info = {
         "start": start.manifest.method,
         "start_version": start.manifest.version,
         "distill_data_sha256": hashlib.sha256("\x00".join(contexts).encode()).hexdigest(),
         "distill_documents": len(contexts),
         "distill_budgets": list(budgets),
+        "distill_path": path,
         "distill_collect_s": round(time.perf_counter() - t0, 1),
     }
     adapter = await distill(receiver, start, docs, method="distilled", version=version, fit_info=info, steps=steps,
@@ -98,3 +103,31 @@ async def fit_direction(
                                     progress=progress)  # fmt: skip
     adapter.manifest.fit["fit_s"] = round(time.perf_counter() - t0, 2)
     return adapter
+
+
+async def fit_or_distill(
+    sender: LocalEngine,
+    receiver: LocalEngine,
+    *,
+    method: str,
+    texts: Sequence[str],
+    seed: int,
+    version: str,
+    max_tokens: int = 1024,
+    distill_docs: int = 16,
+    distill_steps: int = 200,
+    distill_path: str = "recompute",
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Adapter:
+    """One of ``METHODS`` from scratch: ``distilled`` fits KV Ridge on ``texts`` first, then distils
+    it on ``distill_docs`` stdlib contexts for ``distill_path`` (``distill_direction``)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}: {', '.join(METHODS)}")
+    if method != "distilled":
+        return await fit_direction(sender, receiver, method=method, texts=texts, seed=seed, version=version,
+                                   max_tokens=max_tokens, progress=progress)  # fmt: skip
+    base = await fit_direction(sender, receiver, method="kv-ridge", texts=texts, seed=seed, version=f"{version}-start",
+                               max_tokens=max_tokens, progress=progress)  # fmt: skip
+    return await distill_direction(sender, receiver, base, contexts=distill_contexts(seed, distill_docs),
+                                   version=version, seed=seed, steps=distill_steps, path=distill_path,
+                                   progress=progress)  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engines.local import LocalEngine
-from gateway.settings import ShadowSettings
+from gateway.settings import BootstrapSettings, DistillSettings, ShadowSettings
 from tests.gateway.conftest import SMOL, Gateway
 from tests.gateway.helpers import cross_hop, saved_identity, upload
 
@@ -53,6 +54,28 @@ def test_fit_job_answers_202_reports_progress_and_registers_a_candidate(gateway:
         assert job["progress"] == 1.0 and job["adapter_id"]
         adapters = {a["id"]: a for a in admin.get("/admin/adapters").json()}
         assert adapters[job["adapter_id"]]["status"] == "candidate" and not adapters[job["adapter_id"]]["stale"]
+
+
+def test_distilled_fit_job_fits_kv_ridge_then_distils_it_for_the_configured_path(
+    start_gateway: Callable[..., Gateway],
+) -> None:
+    distill = DistillSettings(docs=2, steps=2, path="quote")
+    gateway = start_gateway(bootstrap=BootstrapSettings(distill=distill))
+    with gateway.http() as admin:
+        body = {"sender": SMOL, "receiver": "gemma3-270m", "method": "distilled", "docs": 2, "max_tokens": 96}
+        job = admin.post("/admin/fits", json=body).json()
+        deadline = time.monotonic() + 600
+        while job["status"] in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(1)
+            job = admin.get(f"/admin/fits/{job['id']}").json()
+        assert job["status"] == "done", job
+        row = {a["id"]: a for a in admin.get("/admin/adapters").json()}[job["adapter_id"]]
+        assert row["method"] == "distilled" and row["status"] == "candidate"
+        r = admin.post("/admin/fits", json={**body, "method": "ridge"})
+        assert r.status_code == 400 and "distilled" in r.json()["error"]["message"]
+    fit = json.loads((Path(row["artifact_path"]) / "manifest.json").read_text())["fit"]
+    assert fit["distill_path"] == "quote" and fit["steps"] == 2 and fit["distill_documents"] == 2
+    assert fit["start"] == "kv-ridge"
 
 
 def test_shadow_version_is_evaluated_on_live_traffic_without_serving(

@@ -7,7 +7,7 @@ cancels the other's jobs; a job whose replica is gone reads stale and is cancell
 one keeps its heartbeat through long fit steps and the retry backoff; bootstraps racing in two
 threads fit each direction once. Then the admin API and the dashboard of a real gateway cancel one.
 
-The fit itself (``harness.fit_on_engines.fit_direction``, minutes of CPU) is swapped for one that raises,
+The fit itself (``harness.fit_on_engines.fit_or_distill``, minutes of CPU) is swapped for one that raises,
 reports progress for as long as it is told, or returns a small random adapter of the right shapes:
 the job logic is under test, not fitting.
 """
@@ -56,7 +56,7 @@ Fit = Callable[..., Any]
 
 
 def fit_failing(times: int, error: Exception) -> tuple[Fit, list[int]]:
-    """A stand-in for ``fit_direction`` that raises ``error`` on its first ``times`` calls, then
+    """A stand-in for ``fit_or_distill`` that raises ``error`` on its first ``times`` calls, then
     returns a small adapter; and the list its calls are counted in."""
     calls: list[int] = []
 
@@ -111,7 +111,7 @@ def gateway_fitting(
     """A gateway (with ``RETRY``) whose fits raise ``error`` ``failures`` times, then succeed; the
     attempts seen so far."""
     fit, calls = fit_failing(failures, error)
-    monkeypatch.setattr(jobs_module, "fit_direction", fit)
+    monkeypatch.setattr(jobs_module, "fit_or_distill", fit)
     return start_gateway(bootstrap=RETRY), calls
 
 
@@ -192,7 +192,7 @@ FAST = {"save_every_s": 0.05, "stale_after_s": 2.0}  # a heartbeat every 50 ms; 
 
 
 class Steps:
-    """A stand-in for ``fit_direction`` that reports ``steps`` progress steps ``step_s`` apart (the
+    """A stand-in for ``fit_or_distill`` that reports ``steps`` progress steps ``step_s`` apart (the
     job's progress callback raises ``FitCancelled`` from one, as the real fit would let it), then
     returns a small adapter; it counts the fits started and the steps taken."""
 
@@ -284,7 +284,7 @@ def test_second_replica_lists_and_reads_the_first_ones_job_and_its_progress(
     replica: Callable[..., FitJobs], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fit = Steps(steps=30, step_s=0.05)
-    monkeypatch.setattr(jobs_module, "fit_direction", fit)
+    monkeypatch.setattr(jobs_module, "fit_or_distill", fit)
     a, b = replica("replica-a"), replica("replica-b")
 
     async def scenario() -> None:
@@ -315,7 +315,7 @@ def test_second_replica_cancels_the_first_ones_running_fit_which_stops_cancelled
     replica: Callable[..., FitJobs], monkeypatch: pytest.MonkeyPatch, events: EventLog
 ) -> None:
     fit = Steps(steps=100_000, step_s=0.01)  # 1000 s unless cancelled
-    monkeypatch.setattr(jobs_module, "fit_direction", fit)
+    monkeypatch.setattr(jobs_module, "fit_or_distill", fit)
     a, b = replica("replica-a", retries=2), replica("replica-b")
 
     async def scenario() -> float:
@@ -348,7 +348,7 @@ def test_queued_job_cancelled_from_another_replica_never_starts(
     replica: Callable[..., FitJobs], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fit = Steps(steps=100_000, step_s=0.01)
-    monkeypatch.setattr(jobs_module, "fit_direction", fit)
+    monkeypatch.setattr(jobs_module, "fit_or_distill", fit)
     a, b = replica("replica-a"), replica("replica-b")
 
     async def scenario() -> tuple[str, str]:
@@ -403,7 +403,7 @@ def test_running_job_keeps_its_heartbeat_through_a_long_fit_step_and_the_retry_b
             raise ValueError("flaky")
         return small_adapter(sender, receiver, kwargs["version"], seed=1)
 
-    monkeypatch.setattr(jobs_module, "fit_direction", fit)
+    monkeypatch.setattr(jobs_module, "fit_or_distill", fit)
     quick = {"save_every_s": 0.05, "stale_after_s": 1.0}
     a, b = replica("replica-a", retries=1, backoff_s=2.5, **quick), replica("replica-b", **quick)
 
@@ -426,7 +426,7 @@ def test_running_job_keeps_its_heartbeat_through_a_long_fit_step_and_the_retry_b
 def test_stopping_a_replica_fails_its_fits_as_stopped_not_cancelled_and_without_alert(
     replica: Callable[..., FitJobs], monkeypatch: pytest.MonkeyPatch, events: EventLog
 ) -> None:
-    monkeypatch.setattr(jobs_module, "fit_direction", Steps(steps=100_000, step_s=0.01))
+    monkeypatch.setattr(jobs_module, "fit_or_distill", Steps(steps=100_000, step_s=0.01))
     a, b = replica("replica-a", retries=2), replica("replica-b")
 
     async def scenario() -> tuple[str, str]:
@@ -468,14 +468,14 @@ def test_two_bootstraps_racing_on_one_database_fit_each_direction_once_and_retak
     ids = {bootstrap_id("kv-ridge", pool[s].engine.spec.fingerprint, pool[r].engine.spec.fingerprint)
            for s, r in DIRECTIONS}  # fmt: skip
     failing = Steps(steps=3, step_s=0.05, fail=True)
-    monkeypatch.setattr(jobs_module, "fit_direction", failing)
+    monkeypatch.setattr(jobs_module, "fit_or_distill", failing)
     started = race([replica("replica-a"), replica("replica-b")])
     assert sorted(failing.started) == sorted(DIRECTIONS)  # each direction fitted once, by one replica
     assert sorted(j.id for jobs in started for j in jobs) == sorted(ids)
     assert all(j.status == "failed" for jobs in started for j in jobs)
 
     fitting = Steps(steps=3, step_s=0.05)  # both replicas restart: the failed jobs are taken over once each
-    monkeypatch.setattr(jobs_module, "fit_direction", fitting)
+    monkeypatch.setattr(jobs_module, "fit_or_distill", fitting)
     c, d = replica("replica-c"), replica("replica-d")
     started = race([c, d])
     assert sorted(fitting.started) == sorted(DIRECTIONS)
@@ -507,7 +507,7 @@ def test_admin_api_lists_and_cancels_a_running_fit_which_ends_cancelled(
     start_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fit = Steps(steps=100_000, step_s=0.01)
-    monkeypatch.setattr(jobs_module, "fit_direction", fit)
+    monkeypatch.setattr(jobs_module, "fit_or_distill", fit)
     gateway = start_gateway(bootstrap=RETRY)
     with gateway.http() as admin:
         job = admin.post("/admin/fits", json=FIT).json()
@@ -531,7 +531,7 @@ def test_admin_api_lists_and_cancels_a_running_fit_which_ends_cancelled(
 def test_dashboard_lists_every_replicas_fit_jobs_and_cancels_one_from_its_page(
     start_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(jobs_module, "fit_direction", Steps(steps=100_000, step_s=0.01))
+    monkeypatch.setattr(jobs_module, "fit_or_distill", Steps(steps=100_000, step_s=0.01))
     gateway = start_gateway()
     with gateway.services.db.session() as session:  # a job another replica ran
         session.add(FitJobRow(id="b" * 32, sender_name=GEMMA, receiver_name=SMOL, method="kv-ridge",

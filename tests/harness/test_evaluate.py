@@ -106,3 +106,29 @@ def test_distillation_steps_lower_the_answer_kl_of_a_noised_map(load_engine, gat
     assert m["held_out_answer_kl_after_distill"] < 0.9 * m["held_out_answer_kl_before_distill"]
     assert m["distill_best_step"] in (3, 6) and out.manifest.method == "distilled"
     assert out.manifest.fit["gates"] is gates
+
+
+def test_quote_documents_map_the_whole_context_and_quote_the_choice_after_it(load_engine) -> None:  # type: ignore[no-untyped-def]
+    from harness.distill_on_engines import _loss, build_docs
+    from heterofold.distill import LowRankResidual
+    from heterofold.select import QUOTE_SEPARATOR
+
+    engine = load_engine("smollm2-135m-instruct")
+    identity = Adapter.identity(Side.of(engine.spec))
+    context = stdlib_text(700, start=11)
+    ((plain, quoted),) = run(build_docs(engine, engine, identity, [context], budgets=(0.0, 0.05), path="quote",
+                                       answer_tokens=8))  # fmt: skip
+    ((_, recomputed),) = run(build_docs(engine, engine, identity, [context], budgets=(0.0, 0.05), answer_tokens=8))
+    # recompute keeps the chosen tokens native; quote maps every aligned token and quotes them instead
+    assert len(recomputed.mapped) < len(plain.mapped) == len(quoted.mapped)
+    suffix = engine.tokenizer.decode(quoted.suffix.tolist())
+    head = engine.tokenizer.decode(plain.suffix.tolist())
+    assert len(quoted.suffix) > len(plain.suffix) and "Question:" in suffix and "Question:" in head
+    quote = suffix[: suffix.index("Question:")].strip()
+    assert len(quote) > 20 and all(part.strip() in context for part in quote.split(QUOTE_SEPARATOR.strip()))
+    # a model mapped to itself: the mapped context is the native one, so the answer KL is ~0
+    param = LowRankResidual(identity)
+    with torch.no_grad():
+        assert float(_loss(engine, param, quoted)) < 1e-3
+    with pytest.raises(ValueError, match="unknown distillation path"):
+        run(build_docs(engine, engine, identity, [context], path="text"))
