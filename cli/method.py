@@ -45,6 +45,10 @@ def fit(
             "(the whole context mapped, the chosen spans quoted after it, as map_quote hops serve)."
         ),
     ] = "recompute",
+    lr: Annotated[float, typer.Option(min=0.0, help="distilled: Adam's learning rate.")] = 2e-3,
+    clip: Annotated[
+        float | None, typer.Option(min=0.0, help="distilled: the largest gradient norm a step takes (default: none).")
+    ] = None,
     version: Annotated[str | None, typer.Option(help="Version label (default: method-date).")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
@@ -81,7 +85,8 @@ def fit(
                 contexts = distill_contexts(seed, distill_docs)
                 adapter = asyncio.run(
                     distill_direction(s, r, base, contexts=contexts, version=label, seed=seed, steps=steps, rank=rank,
-                                      gates=gates, path=distill_path, progress=progress)
+                                      gates=gates, path=distill_path, lr=lr, clip=clip,
+                                      progress=progress)
                 )  # fmt: skip
             else:
                 adapter = asyncio.run(

@@ -179,11 +179,13 @@ async def distill(
     penalty: float = 1e-2,
     held: int = 3,
     eval_every: int = 25,
+    clip: float | None = None,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> Adapter:
     """Distil ``adapter`` on ``docs`` (from ``build_docs``); returns the folded adapter with the
-    held-out KL before and after in its metrics."""
+    held-out KL before and after in its metrics. ``clip``: the largest gradient norm a step takes
+    (larger ones are scaled down to it; none: unclipped)."""
     train, held_out = split_docs(len(docs), held)
     param = LowRankResidual(adapter, rank=rank, seed=seed, gates=gates)
     opt = torch.optim.Adam(param.parameters(), lr=lr)
@@ -201,6 +203,8 @@ async def distill(
             opt.zero_grad()
             loss = _loss(receiver, param, doc)
             (loss + penalty * param.penalty()).backward()
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(param.parameters(), clip)
             opt.step()
         return float(loss.detach())
 
@@ -232,6 +236,6 @@ async def distill(
         "distill_history": history,  # (step, mean training KL since the last, held-out KL)
     }
     info = {**adapter.manifest.fit, **fit_info, "distill_s": round(time.perf_counter() - t0, 1)}
-    info |= {"steps": steps, "rank": rank, "gates": gates, "lr": lr, "penalty": penalty, "train_docs": len(train),
-             "held_docs": len(held_out)}  # fmt: skip
+    info |= {"steps": steps, "rank": rank, "gates": gates, "lr": lr, "penalty": penalty, "clip": clip,
+             "train_docs": len(train), "held_docs": len(held_out)}  # fmt: skip
     return param.fold(method, version, info, metrics)

@@ -46,6 +46,8 @@ async def distill_direction(
     gates: bool = False,
     budgets: Sequence[float] = (0.0, 0.02),
     path: str = "recompute",
+    lr: float = 2e-3,
+    clip: float | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Adapter:
     """The ``distilled`` method: ``start`` (a fitted ridge map) distilled end to end through the
@@ -64,7 +66,7 @@ async def distill_direction(
         "distill_collect_s": round(time.perf_counter() - t0, 1),
     }
     adapter = await distill(receiver, start, docs, method="distilled", version=version, fit_info=info, steps=steps,
-                            rank=rank, gates=gates, seed=seed, progress=progress)  # fmt: skip
+                            rank=rank, gates=gates, lr=lr, clip=clip, seed=seed, progress=progress)  # fmt: skip
     adapter.manifest.fit["fit_s"] = round(float(start.manifest.fit.get("fit_s", 0.0)) + time.perf_counter() - t0, 2)
     return adapter
 
