@@ -358,7 +358,8 @@ class FitJobs:
         adapter = asyncio.run(
             fit_or_distill(sender, receiver, method=job.method, texts=texts, seed=0, version=job.version,
                            max_tokens=job.max_tokens, distill_docs=self.distill.docs, distill_steps=self.distill.steps,
-                           distill_path=self.distill.path, progress=progress)
+                           distill_path=self.distill.path, distill_lr=self.distill.lr, distill_clip=self.distill.clip,
+                           progress=progress)
         )  # fmt: skip
         folder = new_folder(self.adapters_dir, job.sender, job.receiver)
         sha = adapter.save(folder)

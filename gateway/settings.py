@@ -157,13 +157,16 @@ class ShadowSettings(_Section):
 
 class DistillSettings(_Section):
     """How a ``distilled`` fit job (bootstrap or admin) distils the KV Ridge map it fits first:
-    ``docs`` stdlib contexts, ``steps`` gradient steps, for the transfer ``path`` (``recompute``:
-    the chosen tokens native in place, as ``transfer`` hops serve them; ``quote``: the whole
-    context mapped and the chosen spans quoted after it, as ``map_quote`` hops serve them)."""
+    ``docs`` stdlib contexts, ``steps`` gradient steps of Adam at ``lr`` with each step's gradient
+    norm clipped to ``clip`` (none: unclipped), for the transfer ``path`` (``recompute``: the chosen
+    tokens native in place, as ``transfer`` hops serve them; ``quote``: the whole context mapped and
+    the chosen spans quoted after it, as ``map_quote`` hops serve them)."""
 
     docs: int = Field(default=16, ge=2)
     steps: int = Field(default=200, ge=1)
     path: Literal["recompute", "quote"] = "quote"
+    lr: float = Field(default=1e-3, gt=0.0)
+    clip: float | None = Field(default=1.0, gt=0.0)
 
 
 class BootstrapSettings(_Section):

@@ -119,6 +119,8 @@ async def fit_or_distill(
     distill_docs: int = 16,
     distill_steps: int = 200,
     distill_path: str = "recompute",
+    distill_lr: float = 2e-3,
+    distill_clip: float | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Adapter:
     """One of ``METHODS`` from scratch: ``distilled`` fits KV Ridge on ``texts`` first, then distils
@@ -132,4 +134,4 @@ async def fit_or_distill(
                                max_tokens=max_tokens, progress=progress)  # fmt: skip
     return await distill_direction(sender, receiver, base, contexts=distill_contexts(seed, distill_docs),
                                    version=version, seed=seed, steps=distill_steps, path=distill_path,
-                                   progress=progress)  # fmt: skip
+                                   lr=distill_lr, clip=distill_clip, progress=progress)  # fmt: skip

@@ -75,7 +75,7 @@ def test_distilled_fit_job_fits_kv_ridge_then_distils_it_for_the_configured_path
         assert r.status_code == 400 and "distilled" in r.json()["error"]["message"]
     fit = json.loads((Path(row["artifact_path"]) / "manifest.json").read_text())["fit"]
     assert fit["distill_path"] == "quote" and fit["steps"] == 2 and fit["distill_documents"] == 2
-    assert fit["start"] == "kv-ridge"
+    assert fit["start"] == "kv-ridge" and fit["lr"] == 1e-3 and fit["clip"] == 1.0
 
 
 def test_shadow_version_is_evaluated_on_live_traffic_without_serving(
