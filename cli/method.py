@@ -49,6 +49,14 @@ def fit(
     clip: Annotated[
         float | None, typer.Option(min=0.0, help="distilled: the largest gradient norm a step takes (default: none).")
     ] = None,
+    token_rank: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="kv-ridge (and distilled's start): the map also reads the receiver's own embedding of each token "
+            "and of the one before it, projected onto this many components (0: off).",
+        ),
+    ] = 0,
     version: Annotated[str | None, typer.Option(help="Version label (default: method-date).")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
@@ -60,6 +68,10 @@ def fit(
 
     if method not in ("heterofold", "kv-ridge", "distilled"):
         err.print(f"[red]error:[/red] unknown method {method!r}: heterofold, kv-ridge or distilled")
+        raise typer.Exit(2)
+    if token_rank and method == "heterofold":
+        err.print("[red]error:[/red] --token-rank fits a kv-ridge map (or a distilled one's start); heterofold "
+                  "calibration does not read token features")  # fmt: skip
         raise typer.Exit(2)
     if distill_path not in ("recompute", "quote"):
         err.print(f"[red]error:[/red] unknown --distill-path {distill_path!r}: recompute or quote")
@@ -80,7 +92,8 @@ def fit(
                     Adapter.load(start, **fps)
                     if start
                     else asyncio.run(fit_direction(s, r, method="kv-ridge", texts=texts, seed=seed,
-                                                   version=f"{label}-start", max_tokens=max_tokens, progress=progress))
+                                                   version=f"{label}-start", max_tokens=max_tokens,
+                                                   token_rank=token_rank, progress=progress))
                 )  # fmt: skip
                 contexts = distill_contexts(seed, distill_docs)
                 adapter = asyncio.run(
@@ -91,7 +104,7 @@ def fit(
             else:
                 adapter = asyncio.run(
                     fit_direction(s, r, method=method, texts=texts, seed=seed, version=label, max_tokens=max_tokens,
-                                  init=init, progress=progress)
+                                  init=init, token_rank=token_rank, progress=progress)
                 )  # fmt: skip
         digest = adapter.save(out)
         m = adapter.manifest

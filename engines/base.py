@@ -152,6 +152,11 @@ class Engine(ABC):
     async def score(self, ids: Sequence[int], *, past: KVCache | None = None) -> torch.Tensor:
         """Logits ``(T_new, vocab)`` at each position of ``ids`` not covered by ``past``."""
 
+    def token_embeddings(self) -> torch.Tensor | None:
+        """The model's input embedding table ``(V, d)``, read by adapters with a token map
+        (``heterofold.adapter.TokenMap``); None where the engine cannot give it (a remote server)."""
+        return None
+
     async def complete(
         self,
         ids: Sequence[int],

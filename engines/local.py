@@ -106,6 +106,10 @@ class LocalEngine(TokenizerText, Engine):
         layers from a third of the depth up (``attention_layers``). ``past`` as in ``score``."""
         return await self._worker.submit(lambda: self._attention_sync(list(ids), past, rows))
 
+    def token_embeddings(self) -> torch.Tensor:
+        """The input embedding table ``(V, d)`` (the model's own tensor: read it, never write it)."""
+        return self.model.get_input_embeddings().weight.detach()
+
     def attention_layers(self) -> list[int]:
         """The layers ``attention`` reads: full-attention ones, from a third of the depth up."""
         n = self.spec.num_layers

@@ -105,7 +105,7 @@ async def transfer(
     if selection is None:
         ev = Evidence(hop, candidates(hop, src, prefix), sender, receiver, None, scout)
         if selector.needs_map and budget > 0:
-            dense = adapter.apply(hop.sender_kv, src, ids, None)
+            dense = adapter.apply(hop.sender_kv, src, ids, None, embeddings=_embeddings(adapter, receiver))
             map_ms = (time.perf_counter() - t1) * 1000
             ev = replace(ev, mapped=await receiver.recompute(dense, unaligned))
         selection = await select(selector, ev, budget)
@@ -113,7 +113,8 @@ async def transfer(
     chosen = sorted(p for p in positions if 0 <= p < prefix)
     t2 = time.perf_counter()
     if dense is None:
-        dense = adapter.apply(hop.sender_kv, src, ids, sliding_rows(receiver.spec.windows, prefix, chosen))
+        rows = sliding_rows(receiver.spec.windows, prefix, chosen)
+        dense = adapter.apply(hop.sender_kv, src, ids, rows, embeddings=_embeddings(adapter, receiver))
     t3 = time.perf_counter()
     kv = await receiver.recompute(dense, chosen)
     t4 = time.perf_counter()
@@ -128,6 +129,12 @@ async def transfer(
         map_ms=map_ms + (t3 - t2) * 1000,
         recompute_ms=(t4 - t3) * 1000,
     )
+
+
+def _embeddings(adapter: Adapter, receiver: Engine) -> torch.Tensor | None:
+    """The receiver's input embeddings where the adapter's map reads them (a token map), else None.
+    An engine that cannot give them leaves it None: ``Adapter.apply`` then raises AdapterError."""
+    return receiver.token_embeddings() if adapter.token is not None else None
 
 
 async def collect_pairs(

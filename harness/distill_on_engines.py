@@ -82,11 +82,11 @@ async def _native_doc(receiver: LocalEngine, adapter: Adapter, hop: HopText, ans
     native = await receiver.score(r_ids + answer, past=dense.windowed(receiver.spec.windows))  # (S, V)
     q = len(r_ids) - prefix  # suffix index of the first answer token
     rows = slice(q - 1, q - 1 + len(answer))
-    x_k, x_v, aligned = doc_features(adapter, hop.sender_kv, src)
+    x_k, x_v, aligned, z = doc_features(adapter, hop.sender_kv, src, dense.token_ids, receiver.token_embeddings())
     target = torch.log_softmax(native[rows].float(), -1)
     return DistillDoc(
         x_k=x_k, x_v=x_v, mapped=aligned, native_k=dense.keys, native_v=dense.values, token_ids=dense.token_ids,
-        suffix=torch.tensor(r_ids[prefix:] + answer), answer_rows=rows, target=target,
+        suffix=torch.tensor(r_ids[prefix:] + answer), answer_rows=rows, target=target, z=z,
     )  # fmt: skip
 
 
@@ -95,7 +95,7 @@ def keep_native(doc: DistillDoc, positions: Sequence[int]) -> DistillDoc:
     chosen = {int(p) for p in positions}
     mask = torch.tensor([int(p) not in chosen for p in doc.mapped], dtype=torch.bool)
     return replace(doc, x_k=tuple(x[mask] for x in doc.x_k), x_v=tuple(x[mask] for x in doc.x_v),
-                   mapped=doc.mapped[mask])  # fmt: skip
+                   mapped=doc.mapped[mask], z=None if doc.z is None else doc.z[mask])  # fmt: skip
 
 
 def quoted_hop(receiver: LocalEngine, hop: HopText, context: str, question: str, positions: Sequence[int]) -> HopText:

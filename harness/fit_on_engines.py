@@ -81,13 +81,19 @@ async def fit_direction(
     version: str,
     max_tokens: int = 1024,
     init: str = "ridge",
+    token_rank: int = 0,
+    token_lags: int = 2,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Adapter:
+    """``method`` fitted on ``texts``; with ``token_rank`` (KV Ridge), the map also reads the
+    receiver's own token features (``token_lags`` tokens, ``token_rank`` components)."""
     t0 = time.perf_counter()
     calibrate = method == "heterofold"  # calibration needs the receiver's native queries
     pairs = await collect_pairs(sender, receiver, texts, max_tokens=max_tokens, queries=calibrate, progress=progress)
     eligible = list(sender.spec.full_attention_layers)  # the layers a canonical sender value holds fully
-    data = stack_pairs(pairs, Side.of(sender.spec), Side.of(receiver.spec), eligible)
+    embeddings = receiver.token_embeddings() if token_rank else None
+    data = stack_pairs(pairs, Side.of(sender.spec), Side.of(receiver.spec), eligible, embeddings=embeddings,
+                       lags=token_lags)  # fmt: skip
     digest = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
     info = {
         "init": init if method == "heterofold" else "",
@@ -98,7 +104,7 @@ async def fit_direction(
     }
     adapter = fit_adapter(
         data, Side.of(sender.spec), Side.of(receiver.spec), eligible,
-        method=method, version=version, init=init, fit_info=info, progress=progress,
+        method=method, version=version, init=init, token_rank=token_rank, fit_info=info, progress=progress,
     )  # fmt: skip
     if calibrate:
         adapter = calibrate_adapter(adapter, pairs, receiver.spec.windows, receiver.spec.attn_scale, seed=seed,

@@ -6,6 +6,9 @@ For receiver layer l with sender layers S_l (see ``align.align_layers``):
     k_r = apply_rope(x_k @ Wk_l + bk_l, p_r, theta_r[l])            # (N, H_r * D_r) -> (H_r, N, D_r)
     v_r = concat_{s in S_l} V_s[s] @ Wv_l + bv_l                   # values carry no RoPE
 
+A map may also read the receiver's own view of each token (``TokenMap``: its input embedding and
+the previous tokens', RMS-normalised, projected once onto ``r`` shared components ``z``), which
+the sender's cache cannot give it exactly; then ``x_k @ Wk_l + z @ Tk_l`` and ``x_v @ Wv_l + z @ Tv_l``.
 Each output column block is one receiver KV head, so the map is per layer and KV head. Whatever
 the fitting method (KV Ridge, HeteroFold), the artifact is these affine maps: applying one costs
 the same, two matmuls per layer. Artifact: ``adapter.safetensors`` plus ``manifest.json``.
@@ -25,7 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from heterofold.errors import AdapterError, FingerprintMismatch
-from heterofold.features import SenderFeatures
+from heterofold.features import SenderFeatures, token_features
 from heterofold.kv import KVCache
 from heterofold.rope import rope_tables, rotate
 from heterofold.spec import ModelSpec
@@ -60,6 +63,8 @@ class Manifest:
     sender_layers: tuple[tuple[int, ...], ...]  # per receiver layer
     fit: dict[str, Any] = field(default_factory=dict)  # data hash, tokens, seconds, seed, ...
     metrics: dict[str, Any] = field(default_factory=dict)  # held-out fidelity
+    token_lags: int = 0  # tokens of receiver token features per position (0: the map reads none)
+    token_rank: int = 0  # their shared components (TokenMap)
     format: str = FORMAT
 
     @classmethod
@@ -71,16 +76,44 @@ class Manifest:
         return cls(**{**data, **side, "sender_layers": layers})
 
 
+Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
 @dataclass(frozen=True)
 class LayerMap:
     k_weight: torch.Tensor  # (F_k, H_r * D_r)
     k_bias: torch.Tensor  # (H_r * D_r,)
     v_weight: torch.Tensor  # (F_v, H_r * D_r)
     v_bias: torch.Tensor  # (H_r * D_r,)
+    k_token: torch.Tensor | None = None  # (r, H_r * D_r): weights of the token components (TokenMap)
+    v_token: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class TokenMap:
+    """The receiver token features a map reads (``heterofold.features.token_features``), projected
+    once for every layer: ``z = (token_features(E, ids, lags) - mean) @ proj`` ``(T, r)``."""
+
+    lags: int
+    mean: torch.Tensor  # (lags * d_r,)
+    proj: torch.Tensor  # (lags * d_r, r)
+
+    def project(self, embeddings: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``z`` ``(T, r)`` of the receiver tokens ``ids`` ``(T,)``, given the receiver's input
+        embedding table ``embeddings`` ``(V, d_r)``."""
+        if embeddings.shape[1] * self.lags != self.mean.shape[0]:
+            raise AdapterError(
+                f"token map wants {self.mean.shape[0] // self.lags}-wide embeddings, given {embeddings.shape[1]}"
+            )
+        return self.components(token_features(embeddings, ids, self.lags)).to(dtype)
+
+    def components(self, feats: torch.Tensor) -> torch.Tensor:
+        """``z`` ``(N, r)`` of token features ``(N, lags * d_r)`` already read."""
+        return (feats - self.mean) @ self.proj
 
 
 class Adapter:
-    def __init__(self, manifest: Manifest, maps: list[LayerMap]) -> None:
+    def __init__(self, manifest: Manifest, maps: list[LayerMap], token: TokenMap | None = None) -> None:
         m = manifest
         if len(maps) != m.receiver.num_layers or len(m.sender_layers) != m.receiver.num_layers:
             raise AdapterError(f"{len(maps)} layer maps for {m.receiver.num_layers} receiver layers")
@@ -89,9 +122,20 @@ class Adapter:
             f_in = len(src) * m.sender.num_kv_heads * m.sender.head_dim
             if mp.k_weight.shape != (f_in, out) or mp.v_weight.shape != (f_in, out):
                 raise AdapterError(f"layer {layer}: weights {tuple(mp.k_weight.shape)}, expected {(f_in, out)}")
+            want = (m.token_rank, out) if token is not None else None
+            for name, w in (("k_token", mp.k_token), ("v_token", mp.v_token)):
+                got = None if w is None else tuple(w.shape)
+                if got != want:
+                    raise AdapterError(f"layer {layer}: {name} {got}, expected {want}")
+        if token is not None and (token.lags, token.proj.shape[1]) != (m.token_lags, m.token_rank):
+            raise AdapterError(f"token map of {token.lags} lags, rank {token.proj.shape[1]}; manifest says "
+                               f"{m.token_lags}, {m.token_rank}")  # fmt: skip
+        if token is None and m.token_rank:
+            raise AdapterError(f"the manifest names a rank-{m.token_rank} token map, none given")
         self.manifest = manifest
         self.maps = maps
-        self._cast: dict[torch.dtype, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        self.token = token
+        self._cast: dict[torch.dtype, list[Weights]] = {}
 
     @classmethod
     def identity(cls, side: Side, version: str = "identity") -> Adapter:
@@ -123,12 +167,16 @@ class Adapter:
         rows: Sequence[torch.Tensor | None] | None = None,
         *,
         dtype: torch.dtype | None = None,
+        embeddings: torch.Tensor | None = None,
     ) -> KVCache:
         """Map ``sender`` onto receiver tokens ``receiver_ids`` ``(T_r,)``, where ``src`` ``(T_r,)``
         gives each receiver token's sender token, or -1 (left zero: the receiver must recompute
         those natively). ``rows[l]``, a bool mask ``(T_r,)``, limits layer l to the positions that
         will be read (a sliding layer needs only its windows); other rows stay zero. Returns a
         dense receiver value at positions 0..T_r-1, in the sender cache's dtype.
+
+        ``embeddings``, the receiver's input embedding table ``(V, d_r)``, is needed by an adapter
+        with a token map (``self.token``; AdapterError without it) and ignored otherwise.
 
         ``dtype`` is the matmul dtype (default :func:`map_dtype`): bfloat16 where the hardware
         multiplies it natively, float32 otherwise and always for the identity map (exact reuse).
@@ -145,23 +193,33 @@ class Adapter:
         bank = self.features(sender, src, compute)
         aligned = bank.at  # (N,) receiver positions, receiver token j at position j
         weights = self._weights(compute)
+        z_all = None
+        if self.token is not None:
+            if embeddings is None:
+                raise AdapterError(f"adapter {m.version} reads the receiver's token embeddings: none given")
+            z_all = self.token.project(embeddings.detach().cpu(), receiver_ids.cpu(), compute)  # (T_r, r)
         # Per distinct rows mask: which of the N aligned rows to compute, their receiver positions,
         # and RoPE tables per theta (the sliding layers share one mask and one theta).
-        groups: dict[int, tuple[torch.Tensor | None, torch.Tensor, dict[float, tuple[torch.Tensor, torch.Tensor]]]] = {}
+        Tables = dict[float, tuple[torch.Tensor, torch.Tensor]]
+        groups: dict[int, tuple[torch.Tensor | None, torch.Tensor, Tables, torch.Tensor | None]] = {}
         keys, values = [], []
         for layer, src_layers in enumerate(m.sender_layers):
             keep = rows[layer] if rows is not None else None
             if id(keep) not in groups:
                 sel = keep[aligned].nonzero().squeeze(1) if keep is not None else None  # rows of (N,)
-                groups[id(keep)] = (sel, aligned if sel is None else aligned[sel], {})
-            sel, at, tables = groups[id(keep)]
+                at_rows = aligned if sel is None else aligned[sel]
+                groups[id(keep)] = (sel, at_rows, {}, None if z_all is None else z_all[at_rows])
+            sel, at, tables, z = groups[id(keep)]
             theta = m.receiver.rope_thetas[layer]
             if theta not in tables:
                 tables[theta] = rope_tables(at, D, theta, out_dtype)
             xk, xv = bank.get(src_layers, sel)
-            wk, bk, wv, bv = weights[layer]
-            k = torch.addmm(bk, xk, wk).to(out_dtype).reshape(-1, H, D).transpose(0, 1)  # (H, n, D)
-            v = torch.addmm(bv, xv, wv).to(out_dtype).reshape(-1, H, D).transpose(0, 1)
+            wk, bk, wv, bv, tk, tv = weights[layer]
+            k, v = torch.addmm(bk, xk, wk), torch.addmm(bv, xv, wv)  # (n, H * D)
+            if z is not None and tk is not None and tv is not None:
+                k, v = k.addmm_(z, tk), v.addmm_(z, tv)
+            k = k.to(out_dtype).reshape(-1, H, D).transpose(0, 1)  # (H, n, D)
+            v = v.to(out_dtype).reshape(-1, H, D).transpose(0, 1)
             k_full = k.new_zeros(H, T_r, D)
             v_full = v.new_zeros(H, T_r, D)
             k_full.index_copy_(1, at, rotate(k, *tables[theta]))
@@ -183,13 +241,18 @@ class Adapter:
         layers = sorted({s for group in self.manifest.sender_layers for s in group})
         return SenderFeatures(sender, src, self.manifest.sender.rope_thetas, layers, dtype)
 
-    def _weights(self, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def _weights(self, dtype: torch.dtype) -> list[Weights]:
         """The maps in the matmul dtype, converted once per dtype and kept."""
         if dtype not in self._cast:
+
+            def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+                return None if t is None else t.to(dtype)
+
             self._cast[dtype] = [
-                (mp.k_weight.to(dtype), mp.k_bias.to(dtype), mp.v_weight.to(dtype), mp.v_bias.to(dtype))
+                (mp.k_weight.to(dtype), mp.k_bias.to(dtype), mp.v_weight.to(dtype), mp.v_bias.to(dtype),
+                 cast(mp.k_token), cast(mp.v_token))
                 for mp in self.maps
-            ]
+            ]  # fmt: skip
         return self._cast[dtype]
 
     # ---- artifact ----------------------------------------------------------------------------
@@ -199,8 +262,11 @@ class Adapter:
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {}
         for i, mp in enumerate(self.maps):
-            for name in ("k_weight", "k_bias", "v_weight", "v_bias"):
-                tensors[f"{i}.{name}"] = getattr(mp, name).contiguous()
+            for name in ("k_weight", "k_bias", "v_weight", "v_bias", "k_token", "v_token"):
+                if getattr(mp, name) is not None:
+                    tensors[f"{i}.{name}"] = getattr(mp, name).contiguous()
+        if self.token is not None:
+            tensors["token.mean"], tensors["token.proj"] = self.token.mean.contiguous(), self.token.proj.contiguous()
         save_file(tensors, str(folder / WEIGHTS))
         digest = hashlib.sha256((folder / WEIGHTS).read_bytes()).hexdigest()
         manifest = {**asdict(self.manifest), "weights_sha256": digest}
@@ -220,11 +286,22 @@ class Adapter:
             raise AdapterError(f"adapter weights at {folder} do not match their manifest's sha256")
         manifest = Manifest.from_json(data)
         tensors = load_file(str(folder / WEIGHTS))
-        maps = [
-            LayerMap(*(tensors[f"{i}.{n}"] for n in ("k_weight", "k_bias", "v_weight", "v_bias")))
-            for i in range(manifest.receiver.num_layers)
-        ]
-        adapter = cls(manifest, maps)
+        try:
+            maps = [
+                LayerMap(
+                    tensors[f"{i}.k_weight"], tensors[f"{i}.k_bias"], tensors[f"{i}.v_weight"], tensors[f"{i}.v_bias"],
+                    tensors.get(f"{i}.k_token"), tensors.get(f"{i}.v_token"),
+                )
+                for i in range(manifest.receiver.num_layers)
+            ]  # fmt: skip
+        except KeyError as exc:
+            raise AdapterError(f"adapter at {folder} lacks tensor {exc}") from exc
+        token = None
+        if manifest.token_rank:
+            if "token.mean" not in tensors or "token.proj" not in tensors:
+                raise AdapterError(f"adapter at {folder} names a token map and lacks its tensors")
+            token = TokenMap(manifest.token_lags, tensors["token.mean"], tensors["token.proj"])
+        adapter = cls(manifest, maps, token)
         adapter.check(sender_fingerprint, receiver_fingerprint)
         return adapter
 

@@ -18,9 +18,11 @@ for the mapped keys and one for the mapped values (starting at 0, a scale of 1):
 scaled by ``exp(g)`` scales every query's attention logit on that token by ``exp(g)``, so the key
 gate is a per-head attention temperature for mapped tokens, and the value gate says how much of a
 mapped token's value the head takes in. Both are diagonal per head, which a low-rank residual
-cannot express, and both fold into the map's columns. ``fold()`` returns plain affine
-``LayerMap``s: applying a distilled adapter costs exactly what applying the ridge map does. This
-module is pure torch: the receiver's forward pass is the caller's (``harness.distill_on_engines``).
+cannot express, and both fold into the map's columns. An adapter with a token map
+(``heterofold.adapter.TokenMap``) keeps its token weights as fitted (scaled by the gates too).
+``fold()`` returns plain affine ``LayerMap``s: applying a distilled adapter costs exactly what
+applying the ridge map does. This module is pure torch: the receiver's forward pass is the
+caller's (``harness.distill_on_engines``).
 """
 
 from __future__ import annotations
@@ -48,16 +50,28 @@ class DistillDoc:
     suffix: torch.Tensor  # (S,) receiver tokens after the context: question, template, answer
     answer_rows: slice  # rows of the suffix's logits that predict the answer tokens
     target: torch.Tensor  # (A, V) native log-probabilities at those rows
+    z: torch.Tensor | None = None  # (N, r) token components of the mapped rows, for an adapter with a token map
 
 
 def doc_features(
-    adapter: Adapter, sender_kv: KVCache, src: torch.Tensor
-) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor]:
+    adapter: Adapter,
+    sender_kv: KVCache,
+    src: torch.Tensor,
+    receiver_ids: torch.Tensor | None = None,
+    embeddings: torch.Tensor | None = None,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor | None]:
     """Per receiver layer ``(N, F_l)`` sender key and value features of the aligned receiver tokens
-    (``src >= 0``), with the same features as ``Adapter.apply`` reads, and their positions ``(N,)``."""
+    (``src >= 0``), with the same features as ``Adapter.apply`` reads, their positions ``(N,)``,
+    and, for an adapter with a token map, their token components ``(N, r)`` (which need the
+    receiver's tokens ``receiver_ids`` and input ``embeddings``)."""
     feats = adapter.features(sender_kv, src, torch.float32)
     pairs = [feats.get(layers) for layers in adapter.manifest.sender_layers]
-    return tuple(k for k, _ in pairs), tuple(v for _, v in pairs), feats.at
+    z = None
+    if adapter.token is not None:
+        if receiver_ids is None or embeddings is None:
+            raise ValueError("an adapter with a token map needs the receiver's tokens and embeddings")
+        z = adapter.token.project(embeddings.detach().cpu(), receiver_ids.cpu())[feats.at]
+    return tuple(k for k, _ in pairs), tuple(v for _, v in pairs), feats.at, z
 
 
 class LowRankResidual(torch.nn.Module):
@@ -84,18 +98,20 @@ class LowRankResidual(torch.nn.Module):
                 b.append(torch.nn.Parameter(torch.zeros(rank, out)))
                 c.append(torch.nn.Parameter(torch.zeros(out)))
 
-    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The effective ``(W_k, b_k, W_v, b_v)`` of receiver layer ``layer``."""
+    def layer(self, layer: int) -> LayerMap:
+        """The effective map of receiver layer ``layer``."""
         mp = self.adapter.maps[layer]
         wk = mp.k_weight + self.a_k[layer] @ self.b_k[layer]
         wv = mp.v_weight + self.a_v[layer] @ self.b_v[layer]
         bk, bv = mp.k_bias + self.c_k[layer], mp.v_bias + self.c_v[layer]
+        tk, tv = mp.k_token, mp.v_token
         if not self.gates:
-            return wk, bk, wv, bv
+            return LayerMap(wk, bk, wv, bv, tk, tv)
         D = self.adapter.manifest.receiver.head_dim
         sk = self.g_k[layer].exp().repeat_interleave(D)  # (H_r * D_r,): one scale per head's columns
         sv = self.g_v[layer].exp().repeat_interleave(D)
-        return wk * sk, bk * sk, wv * sv, bv * sv
+        return LayerMap(wk * sk, bk * sk, wv * sv, bv * sv,
+                        None if tk is None else tk * sk, None if tv is None else tv * sv)  # fmt: skip
 
     def context_kv(self, doc: DistillDoc) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The receiver's context KV for ``doc``: mapped rows where ``doc.mapped``, native elsewhere.
@@ -104,9 +120,11 @@ class LowRankResidual(torch.nn.Module):
         H, D = m.receiver.num_kv_heads, m.receiver.head_dim
         keys, values = [], []
         for layer in range(m.receiver.num_layers):
-            wk, bk, wv, bv = self.layer(layer)
-            k = (doc.x_k[layer] @ wk + bk).reshape(-1, H, D).transpose(0, 1)  # (N, H*D) -> (H, N, D)
-            v = (doc.x_v[layer] @ wv + bv).reshape(-1, H, D).transpose(0, 1)
+            mp = self.layer(layer)
+            k, v = doc.x_k[layer] @ mp.k_weight + mp.k_bias, doc.x_v[layer] @ mp.v_weight + mp.v_bias  # (N, H*D)
+            if doc.z is not None and mp.k_token is not None and mp.v_token is not None:
+                k, v = k + doc.z @ mp.k_token, v + doc.z @ mp.v_token
+            k, v = k.reshape(-1, H, D).transpose(0, 1), v.reshape(-1, H, D).transpose(0, 1)  # (H, N, D)
             k = apply_rope(k, doc.mapped, m.receiver.rope_thetas[layer])
             keys.append(doc.native_k[layer].index_copy(1, doc.mapped, k))
             values.append(doc.native_v[layer].index_copy(1, doc.mapped, v))
@@ -124,9 +142,18 @@ class LowRankResidual(torch.nn.Module):
     def fold(self, method: str, version: str, fit: dict[str, object], metrics: dict[str, object]) -> Adapter:
         """A plain adapter with the residuals folded into its affine maps."""
         m = self.adapter.manifest
-        maps = [LayerMap(*(t.detach().clone() for t in self.layer(i))) for i in range(m.receiver.num_layers)]
-        manifest = Manifest(method, version, m.sender, m.receiver, m.sender_layers, fit=fit, metrics=metrics)
-        return Adapter(manifest, maps)
+
+        def frozen(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.detach().clone()
+
+        maps = []
+        for i in range(m.receiver.num_layers):
+            mp = self.layer(i)
+            maps.append(LayerMap(mp.k_weight.detach().clone(), mp.k_bias.detach().clone(), mp.v_weight.detach().clone(),
+                                 mp.v_bias.detach().clone(), frozen(mp.k_token), frozen(mp.v_token)))  # fmt: skip
+        manifest = Manifest(method, version, m.sender, m.receiver, m.sender_layers, fit=fit, metrics=metrics,
+                            token_lags=m.token_lags, token_rank=m.token_rank)  # fmt: skip
+        return Adapter(manifest, maps, self.adapter.token)
 
 
 def kl_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -77,3 +77,19 @@ class SenderFeatures:
             return k[:, span], v[:, span]
         cols = torch.cat([torch.arange(c, c + self.width) for c in starts])
         return k[:, cols], v[:, cols]
+
+
+def token_features(embeddings: torch.Tensor, ids: torch.Tensor, lags: int) -> torch.Tensor:
+    """The receiver's own view of its tokens ``ids`` ``(T,)``, for maps that read it (``TokenMap``):
+    per position its input embedding (a row of ``embeddings`` ``(V, d)``) and those of the
+    ``lags - 1`` tokens before it, each row RMS-normalised as a model's input norm does, as one
+    ``(T, lags * d)`` float32 matrix (zeros before the first token). Reading it costs an embedding
+    lookup: no pass of the receiver."""
+    if lags < 1:
+        raise AdapterError(f"token features need at least one lag, got {lags}")
+    e = embeddings[ids.to(torch.int64)].float()  # (T, d)
+    e = e * torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + 1e-6)
+    out = e.new_zeros(len(ids), lags, e.shape[1])
+    for lag in range(lags):
+        out[lag:, lag] = e[: len(ids) - lag]
+    return out.reshape(len(ids), -1)

@@ -6,6 +6,11 @@ tokens. One document in five (the last of 2-4) is held out to choose the ridge s
 
 - ``kv-ridge`` (the baseline): per receiver layer, rank the eligible sender layers by the held-out
   R² of a single-layer ridge fit, take the top ``k``, fit a closed-form ridge on them.
+- with ``token_rank`` r (KV Ridge only), each layer's ridge also reads the receiver's own token
+  features (``heterofold.features.token_features``: the token's input embedding and the previous
+  tokens'), projected once onto their top r principal components, whitened (``TokenMap``). The
+  sender's cache carries token identity only through its own, lossy, representation; the
+  receiver's embedding of the token is exact and costs a lookup.
 - ``heterofold``: per receiver layer, the sender layers nearest in relative depth, an affine
   initial map, then calibration (``calibrate_adapter``) on the receiver's own attention.
   The initial map is a ridge fit (``init="ridge"``, the default) or re-colouring
@@ -23,11 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from heterofold.adapter import Adapter, LayerMap, Manifest, Side
+from heterofold.adapter import Adapter, LayerMap, Manifest, Side, TokenMap
 from heterofold.align import align_layers
 from heterofold.calibrate import CalibDoc, calibrate_keys, calibrate_values
 from heterofold.errors import AdapterError
-from heterofold.features import SenderFeatures
+from heterofold.features import SenderFeatures, token_features
 from heterofold.kv import KVCache
 from heterofold.rope import strip_rope
 
@@ -51,6 +56,8 @@ class FitData:
     receiver_k: list[torch.Tensor]  # per receiver layer (N, H_r * D_r), content space
     receiver_v: list[torch.Tensor]
     held_out: torch.Tensor  # (N,) bool
+    token_feats: torch.Tensor | None = None  # (N, lags * d_r) receiver token features, when stacked with embeddings
+    token_lags: int = 0
 
     @property
     def tokens(self) -> int:
@@ -69,12 +76,22 @@ def is_held_out(d: int, n: int) -> bool:
     return d % 5 == 4 or (n < 5 and d == n - 1)
 
 
-def stack_pairs(pairs: Sequence[FitPair], sender: Side, receiver: Side, eligible: Sequence[int]) -> FitData:
+def stack_pairs(
+    pairs: Sequence[FitPair],
+    sender: Side,
+    receiver: Side,
+    eligible: Sequence[int],
+    *,
+    embeddings: torch.Tensor | None = None,
+    lags: int = 2,
+) -> FitData:
+    """The fit pairs' aligned rows; with the receiver's input ``embeddings`` ``(V, d_r)``, also
+    its token features with ``lags`` tokens per row (what a token map reads)."""
     sk: dict[int, list[torch.Tensor]] = {s: [] for s in eligible}
     sv: dict[int, list[torch.Tensor]] = {s: [] for s in eligible}
     rk: list[list[torch.Tensor]] = [[] for _ in range(receiver.num_layers)]
     rv: list[list[torch.Tensor]] = [[] for _ in range(receiver.num_layers)]
-    held = []
+    held, toks = [], []
     for d, p in enumerate(pairs):
         if not p.receiver.is_dense:
             raise AdapterError("fitting needs dense receiver KV values")
@@ -89,12 +106,16 @@ def stack_pairs(pairs: Sequence[FitPair], sender: Side, receiver: Side, eligible
             rk[layer].append(k.transpose(0, 1).reshape(len(r_idx), -1))
             rv[layer].append(p.receiver.values[layer][:, r_idx].transpose(0, 1).reshape(len(r_idx), -1))
         held.append(torch.full((len(r_idx),), is_held_out(d, len(pairs))))
+        if embeddings is not None:
+            toks.append(token_features(embeddings, p.receiver.token_ids, lags)[r_idx])
     return FitData(
         sender_k={s: torch.cat(x) for s, x in sk.items()},
         sender_v={s: torch.cat(x) for s, x in sv.items()},
         receiver_k=[torch.cat(x) for x in rk],
         receiver_v=[torch.cat(x) for x in rv],
         held_out=torch.cat(held),
+        token_feats=torch.cat(toks) if toks else None,
+        token_lags=lags if toks else 0,
     )
 
 
@@ -110,6 +131,20 @@ def ridge(x: torch.Tensor, y: torch.Tensor, alpha: float) -> tuple[torch.Tensor,
     lam = alpha * float(gram.diagonal().mean())
     w = torch.linalg.solve(gram + lam * torch.eye(gram.shape[0], dtype=torch.float64), xc.T @ yc)  # (F, O)
     return w.float(), (my - mx @ w).float()
+
+
+def fit_token_map(tokens: torch.Tensor, lags: int, rank: int, eps: float = 1e-6) -> TokenMap:
+    """The top ``rank`` principal components of token features ``(N, lags * d)``, whitened: each
+    component of ``TokenMap.components`` has unit variance on ``tokens``."""
+    if not 1 <= rank <= tokens.shape[1]:
+        raise AdapterError(f"token rank must be 1..{tokens.shape[1]}, got {rank}")
+    x = tokens.double()
+    mean = x.mean(0)
+    xc = x - mean
+    evals, evecs = torch.linalg.eigh(xc.T @ xc / len(x))  # ascending
+    top, vecs = evals.flip(0)[:rank], evecs.flip(1)[:, :rank]
+    proj = vecs / top.clamp(min=eps * float(evals.max())).sqrt()
+    return TokenMap(lags, mean.float(), proj.float())
 
 
 def _sqrt_and_inv_sqrt(cov: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,11 +200,21 @@ def fit_adapter(
     version: str,
     width: int = 3,
     init: str = "ridge",
+    token_rank: int = 0,
     fit_info: dict[str, object] | None = None,
     progress: Progress | None = None,
 ) -> Adapter:
     if method not in ("kv-ridge", "heterofold"):
         raise AdapterError(f"unknown method {method!r}: kv-ridge or heterofold")
+    token, z = None, None
+    if token_rank:
+        if method != "kv-ridge":
+            raise AdapterError("a token map is fitted with kv-ridge only (calibration does not read it)")
+        if data.token_feats is None:
+            raise AdapterError("a token map needs token features: stack the pairs with the receiver's embeddings")
+        train_rows = ~data.held_out if data.held_out.any() else torch.ones_like(data.held_out)
+        token = fit_token_map(data.token_feats[train_rows], data.token_lags, token_rank)
+        z = token.components(data.token_feats)  # (N, r), unit variance per component
     if init not in ("ridge", "recolour"):
         raise AdapterError(f"unknown initial map {init!r}: ridge or recolour")
     t0 = time.perf_counter()
@@ -182,8 +227,18 @@ def fit_adapter(
             ranked = sorted(eligible, key=lambda s: -_single_r2(data, s, yk, yv, held))
             layers = tuple(sorted(ranked[:width]))
             xk, xv = data.features(layers)
-            wk, bk, sk = _fit_ridge(xk, yk, held)
-            wv, bv, sv = _fit_ridge(xv, yv, held)
+            if z is None:
+                wk, bk, sk = _fit_ridge(xk, yk, held)
+                wv, bv, sv = _fit_ridge(xv, yv, held)
+            else:
+                (wk, bk, sk, tk), (wv, bv, sv, tv) = (_fit_joint(x, z, y, held) for x, y in ((xk, yk), (xv, yv)))
+                maps.append(LayerMap(wk, bk, wv, bv, tk, tv))
+                chosen.append(layers)
+                k_scores.append(sk)
+                v_scores.append(sv)
+                if progress:
+                    progress("fit", layer + 1, receiver.num_layers)
+                continue
         elif init == "ridge":
             layers = tuple(by_depth[layer])
             xk, xv = data.features(layers)
@@ -212,8 +267,22 @@ def fit_adapter(
         "mean_r2_v": round(sum(v_scores) / len(v_scores), 4),
     }
     info = {**(fit_info or {}), "tokens": data.tokens, "map_fit_s": round(time.perf_counter() - t0, 2)}
-    manifest = Manifest(method, version, sender, receiver, tuple(chosen), fit=info, metrics=metrics)
-    return Adapter(manifest, maps)
+    lags, rank = (token.lags, token_rank) if token is not None else (0, 0)
+    manifest = Manifest(method, version, sender, receiver, tuple(chosen), fit=info, metrics=metrics,
+                        token_lags=lags, token_rank=rank)  # fmt: skip
+    return Adapter(manifest, maps, token)
+
+
+def _fit_joint(
+    x: torch.Tensor, z: torch.Tensor, y: torch.Tensor, held: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, float, torch.Tensor]:
+    """Ridge on the sender features ``x`` and the token components ``z`` together, ``z`` scaled to
+    ``x``'s mean column variance so one ridge strength fits both; the scale is folded back into
+    the token weights. Returns ``(W_x, b, held-out R², W_z)``."""
+    scale = float(x.var(0).mean().sqrt())  # z's columns have unit variance
+    w, b, score = _fit_ridge(torch.cat([x, scale * z], 1), y, held)
+    F = x.shape[1]
+    return w[:F].contiguous(), b, score, (scale * w[F:]).contiguous()
 
 
 def _single_r2(data: FitData, s: int, yk: torch.Tensor, yv: torch.Tensor, held: torch.Tensor) -> float:

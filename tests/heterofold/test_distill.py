@@ -32,7 +32,7 @@ def _sender_kv(T: int) -> KVCache:
 def _doc(adapter: Adapter, T: int = 12) -> tuple[DistillDoc, torch.Tensor]:
     src = torch.arange(T)
     src[0] = -1  # a receiver token without a sender token (BOS)
-    x_k, x_v, at = doc_features(adapter, _sender_kv(T), src)
+    x_k, x_v, at, _ = doc_features(adapter, _sender_kv(T), src)
     zeros = tuple(torch.zeros(RECEIVER.num_kv_heads, T, RECEIVER.head_dim) for _ in range(RECEIVER.num_layers))
     doc = DistillDoc(x_k, x_v, at, zeros, zeros, torch.arange(T), torch.arange(3), slice(0, 2), torch.zeros(2, 5))
     return doc, src
@@ -93,7 +93,7 @@ def test_gates_scale_each_heads_mapped_keys_and_values_and_fold_into_the_map() -
     maps = [LayerMap(*(torch.randn(*s, generator=g) for s in ((f, o), (o,), (f, o), (o,)))) for _ in range(2)]
     adapter = Adapter(Manifest("kv-ridge", "t", SENDER, receiver, ((0, 1), (1, 2))), maps)
     src = torch.arange(12)
-    x_k, x_v, at = doc_features(adapter, _sender_kv(12), src)
+    x_k, x_v, at, _ = doc_features(adapter, _sender_kv(12), src)
     zeros = tuple(torch.zeros(2, 12, 8) for _ in range(2))
     doc = DistillDoc(x_k, x_v, at, zeros, zeros, torch.arange(12), torch.arange(3), slice(0, 2), torch.zeros(2, 5))
     plain = LowRankResidual(adapter, rank=2)

@@ -46,7 +46,7 @@ def test_fit_and_apply_read_the_same_sender_features() -> None:
     data = stack_pairs([pair], SENDER, RECEIVER, range(SENDER.num_layers))
     applied = adapter.features(pair.sender, SRC, torch.float32)
     in_bf16 = adapter.features(pair.sender, SRC, torch.bfloat16)
-    distilled_k, distilled_v, at = doc_features(adapter, pair.sender, SRC)
+    distilled_k, distilled_v, at, _ = doc_features(adapter, pair.sender, SRC)
     assert torch.equal(applied.at, at) and torch.equal(at, (SRC >= 0).nonzero().squeeze(1))
     for layer, layers in enumerate(LAYERS):
         fit_k, fit_v = data.features(layers)
