@@ -105,7 +105,9 @@ class TokenMap:
             raise AdapterError(
                 f"token map wants {self.mean.shape[0] // self.lags}-wide embeddings, given {embeddings.shape[1]}"
             )
-        return self.components(token_features(embeddings, ids, self.lags)).to(dtype)
+        # Gather the rows where the table lives (a CUDA table is never copied whole), then map here.
+        feats = token_features(embeddings.detach(), ids.to(embeddings.device), self.lags).to(self.mean.device)
+        return self.components(feats).to(dtype)
 
     def components(self, feats: torch.Tensor) -> torch.Tensor:
         """``z`` ``(N, r)`` of token features ``(N, lags * d_r)`` already read."""
@@ -197,7 +199,7 @@ class Adapter:
         if self.token is not None:
             if embeddings is None:
                 raise AdapterError(f"adapter {m.version} reads the receiver's token embeddings: none given")
-            z_all = self.token.project(embeddings.detach().cpu(), receiver_ids.cpu(), compute)  # (T_r, r)
+            z_all = self.token.project(embeddings, receiver_ids, compute)  # (T_r, r)
         # Per distinct rows mask: which of the N aligned rows to compute, their receiver positions,
         # and RoPE tables per theta (the sliding layers share one mask and one theta).
         Tables = dict[float, tuple[torch.Tensor, torch.Tensor]]

@@ -70,7 +70,7 @@ def doc_features(
     if adapter.token is not None:
         if receiver_ids is None or embeddings is None:
             raise ValueError("an adapter with a token map needs the receiver's tokens and embeddings")
-        z = adapter.token.project(embeddings.detach().cpu(), receiver_ids.cpu())[feats.at]
+        z = adapter.token.project(embeddings, receiver_ids)[feats.at]
     return tuple(k for k, _ in pairs), tuple(v for _, v in pairs), feats.at, z
 
 
