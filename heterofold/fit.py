@@ -223,6 +223,8 @@ def fit_adapter(
     maps, chosen, k_scores, v_scores = [], [], [], []
     for layer in range(receiver.num_layers):
         yk, yv = data.receiver_k[layer], data.receiver_v[layer]
+        tk: torch.Tensor | None = None  # token weights: only a token map's joint fit sets them
+        tv: torch.Tensor | None = None
         if method == "kv-ridge":
             ranked = sorted(eligible, key=lambda s: -_single_r2(data, s, yk, yv, held))
             layers = tuple(sorted(ranked[:width]))
@@ -232,13 +234,6 @@ def fit_adapter(
                 wv, bv, sv = _fit_ridge(xv, yv, held)
             else:
                 (wk, bk, sk, tk), (wv, bv, sv, tv) = (_fit_joint(x, z, y, held) for x, y in ((xk, yk), (xv, yv)))
-                maps.append(LayerMap(wk, bk, wv, bv, tk, tv))
-                chosen.append(layers)
-                k_scores.append(sk)
-                v_scores.append(sv)
-                if progress:
-                    progress("fit", layer + 1, receiver.num_layers)
-                continue
         elif init == "ridge":
             layers = tuple(by_depth[layer])
             xk, xv = data.features(layers)
@@ -254,7 +249,7 @@ def fit_adapter(
             sv = r2(xv[held] @ wv + bv, yv[held]) if held.any() else float("nan")
             wk, bk = recolour(xk, yk)
             wv, bv = recolour(xv, yv)
-        maps.append(LayerMap(wk, bk, wv, bv))
+        maps.append(LayerMap(wk, bk, wv, bv, tk, tv))
         chosen.append(layers)
         k_scores.append(sk)
         v_scores.append(sv)
