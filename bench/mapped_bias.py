@@ -91,10 +91,10 @@ async def probe(
                 _bias[0] = None
         print(f"items {n + 1}/{len(items)} ({item.kind})", flush=True)
     return {"selector": policy.selector, "budget": budget, "tail": tail, "items": len(items),
-            "paths": {path: _summary(st) for path, st in stats.items()}}  # fmt: skip
+            "paths": {path: summary_by_kind(st) for path, st in stats.items()}}  # fmt: skip
 
 
-def _summary(stats: PathStats) -> dict[str, Any]:
+def summary_by_kind(stats: PathStats) -> dict[str, Any]:
     """``PathStats.summary`` (accuracy on answer items, ``fidelity_kl``/``fidelity_top1`` on the
     whole-context ones), plus accuracy per kind and the per-item scores."""
     kinds: dict[str, list[float]] = {}

@@ -1,0 +1,160 @@
+"""Probe: which part of the mapped cache keeps the receiver from answering? Native K or V, by layer band.
+
+    python -m bench.native_layers SENDER RECEIVER ADAPTER [--every N] [--kinds K,..] [--json OUT]
+
+An oracle, not a product path: for each builtin item at 1024 tokens the receiver's map-only cache
+(the adapter's map, no recompute but the unaligned tokens and the tail window, as served at budget
+0) has some of its layers' keys and/or values replaced by the receiver's own native ones for the
+same tokens. Each row answers one question: "if the map were exact here, would the receiver answer
+and behave like native?" Rows:
+
+- ``map-only``: nothing replaced; ``native``: the reference (and ``kv:all`` checks the splice:
+  it must equal native up to float noise);
+- ``k:all`` / ``v:all``: native keys (values) in every layer, mapped values (keys): which of the
+  two the map gets wrong enough to lose the context;
+- ``kv:early`` / ``kv:middle`` / ``kv:late``: native K and V in one third of the layers by depth;
+- ``kv:global`` / ``k:global`` / ``v:global``: only the full-attention layers, on receivers that
+  mix them with sliding-window layers (gemma3: 3 of 18), and ``kv:L<i>``: each of them alone;
+- ``kv:global errE`` (``--errors``): K and V there are native plus the share E of the map's error
+  (E = 0.5 halves it): how close the map must come for the receiver to answer.
+
+Accuracy on the answer items, whole-context KL and top-1 agreement against native (the harness's
+scoring), per kind, on the same items and the same map-only cache for every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.mapped_bias import summary_by_kind
+from engines.local import LocalEngine
+from engines.selectors import make_selector
+from engines.transfer import transfer
+from gateway.settings import RoleSettings, TransferPolicy
+from harness.evaluate import ItemRun, PathStats
+from heterofold.adapter import Adapter
+from heterofold.kv import KVCache
+from heterofold.suite import builtin_suite
+
+
+def layer_sets(windows: tuple[int, ...]) -> dict[str, set[int]]:
+    """Layer index sets by name: all, the three depth thirds, and the full-attention layers when
+    the model also has sliding-window ones."""
+    n = len(windows)
+    third = [set(range(i * n // 3, (i + 1) * n // 3)) for i in range(3)]
+    sets = {"all": set(range(n)), "early": third[0], "middle": third[1], "late": third[2]}
+    full = {i for i, w in enumerate(windows) if w == 0}
+    if 0 < len(full) < n:
+        sets["global"] = full
+    return sets
+
+
+def splice(mapped: KVCache, native: KVCache, layers: set[int], keys: bool, values: bool, error: float = 0.0) -> KVCache:
+    """``mapped`` with ``native``'s keys and/or values in ``layers`` (same tokens and positions);
+    ``error`` > 0 keeps that share of the map's error there instead (native + error * (mapped - native))."""
+    if mapped.num_tokens != native.num_tokens or not bool((mapped.positions == native.positions).all()):
+        raise ValueError("the native and mapped caches hold different tokens or positions")
+
+    def mix(m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        n = n.to(m.dtype)
+        return n + error * (m - n) if error else n
+
+    k = tuple(mix(m, native.keys[i]) if keys and i in layers else m for i, m in enumerate(mapped.keys))
+    v = tuple(mix(m, native.values[i]) if values and i in layers else m for i, m in enumerate(mapped.values))
+    return replace(mapped, keys=k, values=v)
+
+
+def variants(windows: tuple[int, ...], errors: Sequence[float] = ()) -> list[tuple[str, set[int], bool, bool, float]]:
+    """(row name, layers, native keys, native values, share of the map's error kept)."""
+    sets = layer_sets(windows)
+    rows: list[tuple[Any, ...]] = [
+        ("kv:all", sets["all"], True, True),
+        ("k:all", sets["all"], True, False),
+        ("v:all", sets["all"], False, True),
+    ]
+    rows += [(f"kv:{band}", sets[band], True, True) for band in ("early", "middle", "late")]
+    if "global" in sets:
+        rows += [(f"{part}:global", sets["global"], part != "v", part != "k") for part in ("kv", "k", "v")]
+        rows += [(f"kv:L{i}", {i}, True, True) for i in sorted(sets["global"])]
+    where = "global" if "global" in sets else "all"
+    rows += [(f"kv:{where} err{e:g}", sets[where], True, True, e) for e in errors]
+    return [(*row, 0.0) if len(row) == 4 else row for row in rows]
+
+
+async def probe(
+    sender: LocalEngine,
+    receiver: LocalEngine,
+    adapter: Adapter,
+    every: int,
+    kinds: tuple[str, ...] | None,
+    errors: Sequence[float] = (),
+    only: set[str] | None = None,
+) -> dict[str, Any]:
+    tail = RoleSettings(engine="-").tail_window
+    chooser = make_selector(TransferPolicy().selector)
+    items = builtin_suite(lengths=(1024,), per_cell=1, kinds=kinds)[::every]
+    stats: dict[str, PathStats] = {}
+    sets: dict[str, set[int]] = {}
+    for n, item in enumerate(items):
+        run = ItemRun(sender, receiver, item, 24 if item.metric == "answer" else 64, tail)
+        await run.native(stats)
+        await run.prepare_transfer(chooser, adapter, None)
+        tr = await transfer(adapter, run.hop, receiver, tail=tail)
+        native, _ = await receiver.prefill(run.r_ids[: tr.kv.num_tokens])
+        sets = layer_sets(native.windows)
+        await run.run_path(stats, "map-only", run.r_ids, tr.kv, tr.total_ms)
+        for name, layers, k, v, e in variants(native.windows, errors):
+            if only is not None and name not in only:
+                continue
+            await run.run_path(stats, name, run.r_ids, splice(tr.kv, native, layers, k, v, e), tr.total_ms)
+        print(f"items {n + 1}/{len(items)} ({item.kind})", flush=True)
+    return {
+        "items": len(items), "tail": tail, "layers": {name: sorted(s) for name, s in sets.items()},
+        "paths": {path: summary_by_kind(st) for path, st in stats.items()},
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sender")
+    ap.add_argument("receiver")
+    ap.add_argument("adapter", type=Path, help="the adapter folder whose map is probed")
+    ap.add_argument("--every", type=int, default=1, help="every n-th builtin item")
+    ap.add_argument("--kinds", default=None, help="comma-separated builtin kinds (default: all)")
+    ap.add_argument(
+        "--errors", default="", help="shares of the map's error to keep in the global (else all) layers, e.g. 0.5,0.25"
+    )
+    ap.add_argument(
+        "--rows", default=None, help="comma-separated rows to run besides native and map-only (default: all)"
+    )
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    s, r = LocalEngine.from_zoo(args.sender), LocalEngine.from_zoo(args.receiver)
+    adapter = Adapter.load(args.adapter, sender_fingerprint=s.spec.fingerprint, receiver_fingerprint=r.spec.fingerprint)
+    kinds = tuple(args.kinds.split(",")) if args.kinds else None
+    errors = [float(e) for e in args.errors.split(",") if e]
+    only = set(args.rows.split(",")) if args.rows else None
+    result = asyncio.run(probe(s, r, adapter, args.every, kinds, errors, only))
+    print(f"{args.sender} -> {args.receiver}, {result['items']} items, map {args.adapter}")
+    print(f"{'path':12s} {'answer acc':>10s} {'whole KL':>9s} {'top-1':>6s}  by kind")
+    for path, row in result["paths"].items():
+        kl, top1 = row.get("fidelity_kl"), row.get("fidelity_top1")
+        by_kind = " ".join(f"{k}={v:g}" for k, v in row["by_kind"].items())
+        print(f"{path:12s} {row['accuracy']:>10.3f} {kl if kl is not None else '-':>9} "
+              f"{top1 if top1 is not None else '-':>6}  {by_kind}")  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
