@@ -72,7 +72,9 @@ def splice(mapped: KVCache, native: KVCache, layers: set[int], keys: bool, value
     return replace(mapped, keys=k, values=v)
 
 
-def variants(windows: tuple[int, ...], errors: Sequence[float] = ()) -> list[tuple[str, set[int], bool, bool, float]]:
+def variants(
+    windows: tuple[int, ...], errors: Sequence[float] = (), error_layers: str | None = None
+) -> list[tuple[str, set[int], bool, bool, float]]:
     """(row name, layers, native keys, native values, share of the map's error kept)."""
     sets = layer_sets(windows)
     rows: list[tuple[Any, ...]] = [
@@ -84,7 +86,7 @@ def variants(windows: tuple[int, ...], errors: Sequence[float] = ()) -> list[tup
     if "global" in sets:
         rows += [(f"{part}:global", sets["global"], part != "v", part != "k") for part in ("kv", "k", "v")]
         rows += [(f"kv:L{i}", {i}, True, True) for i in sorted(sets["global"])]
-    where = "global" if "global" in sets else "all"
+    where = error_layers or ("global" if "global" in sets else "all")
     rows += [(f"kv:{where} err{e:g}", sets[where], True, True, e) for e in errors]
     return [(*row, 0.0) if len(row) == 4 else row for row in rows]
 
@@ -97,6 +99,7 @@ async def probe(
     kinds: tuple[str, ...] | None,
     errors: Sequence[float] = (),
     only: set[str] | None = None,
+    error_layers: str | None = None,
 ) -> dict[str, Any]:
     tail = RoleSettings(engine="-").tail_window
     chooser = make_selector(TransferPolicy().selector)
@@ -111,7 +114,7 @@ async def probe(
         native, _ = await receiver.prefill(run.r_ids[: tr.kv.num_tokens])
         sets = layer_sets(native.windows)
         await run.run_path(stats, "map-only", run.r_ids, tr.kv, tr.total_ms)
-        for name, layers, k, v, e in variants(native.windows, errors):
+        for name, layers, k, v, e in variants(native.windows, errors, error_layers):
             if only is not None and name not in only:
                 continue
             await run.run_path(stats, name, run.r_ids, splice(tr.kv, native, layers, k, v, e), tr.total_ms)
@@ -135,6 +138,12 @@ def main() -> None:
     ap.add_argument(
         "--rows", default=None, help="comma-separated rows to run besides native and map-only (default: all)"
     )
+    ap.add_argument(
+        "--error-layers",
+        choices=["all", "early", "middle", "late", "global"],
+        default=None,
+        help="where --errors applies (default: full-attention layers if the receiver also has sliding ones, else all)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     s, r = LocalEngine.from_zoo(args.sender), LocalEngine.from_zoo(args.receiver)
@@ -142,7 +151,7 @@ def main() -> None:
     kinds = tuple(args.kinds.split(",")) if args.kinds else None
     errors = [float(e) for e in args.errors.split(",") if e]
     only = set(args.rows.split(",")) if args.rows else None
-    result = asyncio.run(probe(s, r, adapter, args.every, kinds, errors, only))
+    result = asyncio.run(probe(s, r, adapter, args.every, kinds, errors, only, args.error_layers))
     print(f"{args.sender} -> {args.receiver}, {result['items']} items, map {args.adapter}")
     print(f"{'path':12s} {'answer acc':>10s} {'whole KL':>9s} {'top-1':>6s}  by kind")
     for path, row in result["paths"].items():
