@@ -57,21 +57,29 @@ class TurnRecorder:
         self.metrics.store_puts.labels(result.outcome).inc()
         if result.outcome == "skipped" or turn.conversation_id is None:
             return result.outcome
-        reply_ids = kv.token_ids.tolist()[len(turn.prompt_offsets) :]
-        reply, offsets = reply_offsets(engine.decode, len(turn.prompt_text), reply_ids)
-        latest = Turn(
-            engine=turn.pooled.name,
-            fingerprint=engine.spec.fingerprint,
-            text=turn.prompt_text + reply,
-            token_ids=tuple(kv.token_ids.tolist()),
-            offsets=turn.prompt_offsets + tuple(offsets),
-        )
+        latest = covered_turn(turn, kv.token_ids.tolist(), engine.decode)
         try:
             await asyncio.to_thread(self.conversations.record, turn.tenant, turn.conversation_id, latest)
         except StoreError as exc:
             log.warning("conversation not recorded: %s", exc)
             return "error"
         return result.outcome
+
+
+def covered_turn(turn: FinishedTurn, token_ids: Sequence[int], decode: Callable[[Sequence[int]], str]) -> Turn:
+    """The conversation's record of ``turn``, whose exported KV holds ``token_ids``: the prompt's
+    tokens and the reply's but the last. An engine that keeps its KV in whole pages (SGLang's
+    storage) may hold fewer tokens than the prompt; the record then has that many of the prompt's
+    offsets (its text stays whole: the next hop aligns sections on the text, tokens up to the KV)."""
+    n = len(turn.prompt_offsets)
+    reply, offsets = reply_offsets(decode, len(turn.prompt_text), token_ids[n:])
+    return Turn(
+        engine=turn.pooled.name,
+        fingerprint=turn.pooled.engine.spec.fingerprint,
+        text=turn.prompt_text + reply,
+        token_ids=tuple(token_ids),
+        offsets=(turn.prompt_offsets + tuple(offsets))[: len(token_ids)],
+    )
 
 
 def reply_offsets(
