@@ -56,12 +56,13 @@ class StandIn:
     layout: str = "page_first"
     prefetch_threshold: int = 32
     storage: bool = True
+    pages: int = 64  # the host pool's size in pages: the longest turn it backs up
     requests: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         spec = self.engine.spec
         heads = [rank_heads(spec.num_kv_heads, self.tp_size, r) for r in range(self.tp_size)]
-        self.pools = [HostPoolStandIn(self.layout, spec.num_layers, b - a, spec.head_dim, self.page_size, pages=64)
+        self.pools = [HostPoolStandIn(self.layout, spec.num_layers, b - a, spec.head_dim, self.page_size, self.pages)
                       for a, b in heads]  # fmt: skip
         extra = {"namespace": self.namespace, "redis_url": self.redis_url}
         self.backends = [

@@ -17,6 +17,7 @@ from gateway.app import create_app
 from gateway.settings import EngineSettings, GenerationDefaults, RoleSettings, TransferPolicy
 from heterofold.select import QUOTE_SEPARATOR
 from heterofold.suite import builtin_suite
+from heterofold.tasks import is_correct
 from tests.gateway.conftest import SMOL, Gateway, _serve, make_settings
 from tests.sglang.standin import StandIn, serve
 
@@ -32,7 +33,7 @@ def quoting_gateway(
     configured as another model (its own fingerprint), so the hop is a cross-model one with no
     adapter, which the quote path does not need."""
     local = load_engine(SMOL)
-    standin = StandIn(local, redis_url, "smol-quote")
+    standin = StandIn(local, redis_url, "smol-quote", pages=160)  # a whole 1K conversation backed up
     with serve(standin) as url:
         sglang = EngineSettings(kind="sglang", model=SMOL, url=url, model_dir=zoo.pull(lookup(SMOL)),
                                 hicache_redis_url=redis_url, hicache_namespace=standin.namespace,
@@ -85,3 +86,38 @@ def test_hop_into_sglang_quotes_the_selected_spans(quoting_gateway: tuple[Gatewa
     # The engine read the needle sentence and the question, with the rest of the context left out
     # (whether smollm2-135m then answers is the model's business: BENCHMARKS.md measures that).
     assert needle in served and item.question in served and QUOTE_SEPARATOR.strip() in served
+
+
+LOOKUPS = ("passkey", "multikey", "facts", "handoff")
+
+
+def test_hop_into_sglang_answers_the_lookups_at_least_nine_tenths_as_often_as_native(
+    quoting_gateway: tuple[Gateway, StandIn],
+) -> None:
+    """The SGLang-config hop (quote, the engine kind's default path) against the same engine reading
+    the whole conversation natively, on the builtin look-up items at 1024 tokens (greedy, so the
+    counts are the model's, not chance's)."""
+    gateway, _ = quoting_gateway
+    quoted = native = 0
+    for n, item in enumerate(builtin_suite(lengths=(1024,), kinds=LOOKUPS)):
+        head = {"X-Conversation-Id": f"conv-lookup-{n}"}
+        first = gateway.agent("writer").chat.completions.create(
+            model="writer", messages=[{"role": "user", "content": item.context}], extra_headers=head
+        )
+        gateway.settle()
+        messages: Any = [
+            {"role": "user", "content": item.context},
+            {"role": "assistant", "content": first.choices[0].message.content or ""},
+            {"role": "user", "content": item.question},
+        ]
+        hop = gateway.agent("reader").chat.completions.create(model="reader", messages=messages, extra_headers=head)
+        alone = gateway.agent("reader").chat.completions.create(
+            model="reader", messages=messages, extra_headers={"X-Conversation-Id": f"conv-alone-{n}"}
+        )
+        # alone: the whole prompt prefilled by the reader (from its own cached prefix where it has one)
+        assert usage(hop)["path"] == "quote" and usage(alone)["path"] in ("native", "prefix")
+        quoted += is_correct(item.answer, hop.choices[0].message.content or "")
+        native += is_correct(item.answer, alone.choices[0].message.content or "")
+    print(f"look-ups answered: quote {quoted}, native {native} of 20")
+    assert native >= 4, "the receiver must answer some look-ups natively for the ratio to mean anything"
+    assert quoted >= 0.9 * native
