@@ -108,6 +108,22 @@ def summary_by_kind(stats: PathStats) -> dict[str, Any]:
     }
 
 
+def report(result: dict[str, Any], out: Path | None, width: int) -> None:
+    """Print one row per path of ``result["paths"]`` (rows of ``summary_by_kind``): accuracy on the
+    answer items, their first-token KL against native, whole-context KL and top-1, accuracy per
+    kind; then write ``result`` as JSON to ``out`` if given."""
+    print(f"{'path':{width}s} {'answer acc':>10s} {'first KL':>9s} {'whole KL':>9s} {'top-1':>6s}  by kind")
+    for path, row in result["paths"].items():
+        cells = [row.get(k) for k in ("first_token_kl", "fidelity_kl", "fidelity_top1")]
+        first, kl, top1 = (f"{c:g}" if c is not None else "-" for c in cells)
+        kinds = " ".join(f"{k}={v:g}" for k, v in row["by_kind"].items())
+        print(f"{path:{width}s} {row['accuracy']:>10.3f} {first:>9} {kl:>9} {top1:>6}  {kinds}")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sender")
@@ -123,16 +139,7 @@ def main() -> None:
     betas = [float(b) for b in args.betas.split(",")]
     result = asyncio.run(probe(s, r, adapter, betas, args.budget, args.every))
     print(f"{args.sender} -> {args.receiver}, {result['items']} items, selector {result['selector']}")
-    print(f"{'path':26s} {'answer acc':>10s} {'whole KL':>9s} {'top-1':>6s}  by kind")
-    for path, row in result["paths"].items():
-        kl, top1 = row.get("fidelity_kl"), row.get("fidelity_top1")
-        kinds = " ".join(f"{k}={v:g}" for k, v in row["by_kind"].items())
-        print(f"{path:26s} {row['accuracy']:>10.3f} {kl if kl is not None else '-':>9} "
-              f"{top1 if top1 is not None else '-':>6}  {kinds}")  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}")
+    report(result, args.json, width=26)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 
 import torch
 
-from bench.mapped_bias import summary_by_kind
+from bench.mapped_bias import report, summary_by_kind
 from engines.local import LocalEngine
 from engines.selectors import make_selector
 from engines.transfer import transfer
@@ -153,16 +152,7 @@ def main() -> None:
     only = set(args.rows.split(",")) if args.rows else None
     result = asyncio.run(probe(s, r, adapter, args.every, kinds, errors, only, args.error_layers))
     print(f"{args.sender} -> {args.receiver}, {result['items']} items, map {args.adapter}")
-    print(f"{'path':12s} {'answer acc':>10s} {'whole KL':>9s} {'top-1':>6s}  by kind")
-    for path, row in result["paths"].items():
-        kl, top1 = row.get("fidelity_kl"), row.get("fidelity_top1")
-        by_kind = " ".join(f"{k}={v:g}" for k, v in row["by_kind"].items())
-        print(f"{path:12s} {row['accuracy']:>10.3f} {kl if kl is not None else '-':>9} "
-              f"{top1 if top1 is not None else '-':>6}  {by_kind}")  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}")
+    report(result, args.json, width=18)
 
 
 if __name__ == "__main__":
