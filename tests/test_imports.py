@@ -2,7 +2,8 @@
 neither each other nor the gateway, the harness (the method run on engines) knows neither the store
 nor the gateway, and nothing in the product imports the benchmarks or the command line; and no
 module imports itself through others (the import graph of every module is a DAG). Read from the
-source (every ``import`` and ``from ... import``, at any depth, TYPE_CHECKING blocks included)."""
+source (every ``import`` and ``from ... import``, at any depth, TYPE_CHECKING blocks included).
+And no test module imports another: shared helpers live in conftest or helper modules."""
 
 from __future__ import annotations
 
@@ -103,3 +104,16 @@ def test_no_module_imports_itself_through_others() -> None:
     assert "bench.load_server" in graph["bench.load"]  # a function-level import counts too
     cycle = find_cycle(graph)
     assert cycle is None, f"import cycle: {' -> '.join(cycle or ())}"
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared test helpers live in conftest or helper modules, never in a ``test_*`` module (whose
+    import would also collect its tests twice under another name)."""
+    broken = {}
+    for f in sorted((ROOT / "tests").rglob("*.py")):
+        names = imported_names(f)
+        tests = sorted(n for n in names if n.startswith("tests.") and n.split(".")[-1].startswith("test_"))
+        tests = [n for n in tests if not any(n.startswith(m + ".") for m in tests)]  # the module, not its names
+        if tests:
+            broken[str(f.relative_to(ROOT))] = tests
+    assert broken == {}, f"test modules imported by others: {broken}"

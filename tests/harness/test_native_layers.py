@@ -7,7 +7,7 @@ import torch
 
 from bench.native_layers import layer_sets, splice, variants
 from heterofold.kv import KVCache
-from tests.heterofold.test_kv import make_kv
+from tests.heterofold.caches import make_kv
 
 WINDOWS = (4, 4, 0, 4, 4, 0)  # two sliding layers, one full-attention layer, twice
 

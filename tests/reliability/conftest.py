@@ -4,6 +4,7 @@ and get the native answer that every fault must still produce."""
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -31,6 +32,12 @@ Messages = list[dict[str, str]]
 
 OTHER_KEY = "sk-test-tenant-b"  # a second tenant
 POSTGRES = ("127.0.0.1", 5432)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def roles() -> dict[str, RoleSettings]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,18 @@ import yaml
 from store.redis_server import EmbeddedRedis
 from tests.gateway.conftest import ADMIN_KEY, CLIENT_KEY, GEMMA, SMOL
 from tests.gateway.helpers import upload
-from tests.reliability.conftest import Messages, answer, chat, eventually, metric, native, opening, roles, then
+from tests.reliability.conftest import (
+    Messages,
+    answer,
+    chat,
+    eventually,
+    free_port,
+    metric,
+    native,
+    opening,
+    roles,
+    then,
+)
 
 pytestmark = pytest.mark.models
 LEASE_S = 2.0  # the store node's lease: a killed replica's node is free this long after
@@ -53,12 +63,6 @@ class Replica:
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_config(path: Path, *, redis_url: str, database_url: str, artifacts: Path) -> Path:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.gateway.conftest import GEMMA, SMOL
-from tests.reliability.test_replicas import free_port
+from tests.reliability.conftest import free_port
 
 pytestmark = pytest.mark.models
 
