@@ -31,8 +31,8 @@ from heterofold.align import Section, align_tokens
 from heterofold.corpus import stdlib_text
 from heterofold.fit import FitPair, fit_adapter, stack_pairs
 from store.connection import connect
-from store.hicache.keys import PageKeys
-from store.hicache.pages import PageStore
+from store.hicache.page_keys import PageKeys
+from store.hicache.page_store import PageStore
 
 
 async def engine(url: str, name: str, model_dir: str, redis_url: str) -> SGLangEngine:

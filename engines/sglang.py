@@ -1,6 +1,6 @@
 """The SGLang engine: a running SGLang server (sglang 0.5.23, pinned as ``SGLANG_VERSION``) behind the
 engine interface, with KV moving in and out through HiCache storage: a page sink
-(``engines.pages.PageSink``) the gateway hands in.
+(``engines.page_sink.PageSink``) the gateway hands in.
 
     GET  /health          liveness
     GET  /server_info     page size, TP size, HiCache layout and storage backend, served model
@@ -54,7 +54,7 @@ from engines.base import (
 )
 from engines.detok import Detokenizer
 from engines.errors import EngineBusy, EngineError, KVMismatch, PromptTooLong
-from engines.pages import PageSink
+from engines.page_sink import PageSink
 from engines.templates import TokenizerText, default_stops
 from heterofold.kv import KVCache
 from heterofold.spec import ModelSpec

@@ -4,7 +4,7 @@ A turn names the model that ran it and the exact tokens of its KV value (prompt 
 each token's character span in ``text`` (the sender's prompt plus its decoded reply). The next hop
 finds the KV value in the store by those tokens, and aligns it by those spans.
 
-The one Redis key the gateway writes (the store's own keys are in ``store/keys.py``):
+The one Redis key the gateway writes (the store's own keys are in ``store/redis_keys.py``):
 
     {prefix}:conv:{tenant}:{conversation}   HASH  the conversation's latest turn (see ``Conversations``)
 

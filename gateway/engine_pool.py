@@ -12,15 +12,15 @@ from dataclasses import dataclass
 
 from engines.base import Engine
 from engines.local import LocalEngine
-from engines.pages import PageSink
+from engines.page_sink import PageSink
 from engines.sglang import SGLangEngine
 from engines.zoo import Zoo
 from gateway.errors import UnknownRole
 from gateway.settings import EngineSettings
 from heterofold.corpus import stdlib_text
 from store.connection import connect
-from store.hicache.keys import PageKeys
-from store.hicache.pages import PageStore
+from store.hicache.page_keys import PageKeys
+from store.hicache.page_store import PageStore
 
 WARM_TOKENS = 128
 EWMA = 0.2  # weight of the newest observation

@@ -28,8 +28,8 @@ from gateway.registry.db import Database
 from gateway.resolver import AdapterResolver, VersionRef
 from gateway.settings import ShadowSettings
 from heterofold.errors import HeteroFoldError
+from heterofold.fidelity import first_token_kl, top1_agreement
 from heterofold.kv import KVCache
-from heterofold.metrics import first_token_kl, top1_agreement
 from store.kv_store import KVStore
 
 log = logging.getLogger(__name__)

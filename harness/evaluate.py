@@ -58,8 +58,8 @@ from engines.selectors import Evidence, HopText, Selection, Selector, candidates
 from engines.transfer import transfer
 from heterofold.adapter import Adapter
 from heterofold.align import shared_sections
+from heterofold.fidelity import first_token_kl, mean_kl, top1_agreement
 from heterofold.kv import KVCache
-from heterofold.metrics import first_token_kl, mean_kl, top1_agreement
 from heterofold.select import answer_recall, elide, quote_into
 from heterofold.tasks import TaskItem, is_correct
 

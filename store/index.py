@@ -15,7 +15,7 @@ import redis
 
 from store.connection import redis_errors
 from store.handle import HandleMeta, TierName
-from store.keys import Keys
+from store.redis_keys import Keys
 
 # KEYS: page keys, shortest prefix first. ARGV: handle key prefix.
 # Returns {pages, handle id, flat metadata} for the longest page naming a live handle, else {0}.

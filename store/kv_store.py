@@ -44,10 +44,10 @@ from store.events import EventLog
 from store.handle import HandleMeta, Match, PutResult
 from store.identity import Scope
 from store.index import Index
-from store.keys import Keys
 from store.lease import NodeLease
 from store.node_tiers import NodeTiers, TierUsage
 from store.payload import Payload
+from store.redis_keys import Keys
 from store.redis_server import EmbeddedRedis
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """SGLang HiCache L3 storage over our store (DESIGN.md, "SGLang").
 
-    keys.py       SGLang's page keys (sha256 chain over uint32 token ids) and our Redis key names
+    page_keys.py  SGLang's page keys (sha256 chain over uint32 token ids) and our Redis key names
     layout.py     SGLang host page layouts <-> canonical pages <-> the canonical KV value
-    pages.py      PageStore: checksummed canonical pages in Redis, shared by SGLang and the gateway
+    page_store.py PageStore: checksummed canonical pages in Redis, shared by SGLang and the gateway
     interface.py  a mirror of SGLang's ``HiCacheStorage`` for when SGLang is not installed
     backend.py    HeteroFoldHiCache: the class SGLang loads with ``--hicache-storage-backend dynamic``
 

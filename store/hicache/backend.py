@@ -29,9 +29,9 @@ import torch
 
 from store.connection import connect
 from store.errors import StoreError
-from store.hicache.keys import PageKeys
 from store.hicache.layout import PageGeometry
-from store.hicache.pages import DEFAULT_TTL_S, PageStore
+from store.hicache.page_keys import PageKeys
+from store.hicache.page_store import DEFAULT_TTL_S, PageStore
 
 if TYPE_CHECKING:
     from store.hicache.interface import HiCacheStorageMirror as _Base

@@ -28,8 +28,8 @@ from engines.base import SamplingParams
 from engines.local import LocalEngine
 from heterofold.kv import KVCache
 from store.hicache.backend import HeteroFoldHiCache
-from store.hicache.keys import page_keys
 from store.hicache.layout import kv_to_pages, pages_to_kv, rank_heads
+from store.hicache.page_keys import page_keys
 from tests.sglang.host_pool import HostPoolStandIn
 
 

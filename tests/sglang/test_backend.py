@@ -15,9 +15,9 @@ import torch
 
 from heterofold.kv import KVCache
 from store.hicache.interface import HiCacheStorageMirror
-from store.hicache.keys import PageKeys, page_keys
 from store.hicache.layout import LAYOUTS, PageGeometry
-from store.hicache.pages import PageStore
+from store.hicache.page_keys import PageKeys, page_keys
+from store.hicache.page_store import PageStore
 from tests.sglang.host_pool import HostPoolStandIn
 
 L, H, D, P = 2, 2, 4, 4

@@ -26,8 +26,8 @@ from gateway.metrics import Metrics
 from gateway.settings import EngineSettings, TransferPolicy
 from store.config import StoreConfig
 from store.connection import connect
-from store.hicache.keys import PageKeys
-from store.hicache.pages import PageStore
+from store.hicache.page_keys import PageKeys
+from store.hicache.page_store import PageStore
 from store.kv_store import KVStore
 from tests.sglang.standin import StandIn, serve
 

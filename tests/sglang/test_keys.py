@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from store.errors import BadRequest
-from store.hicache.keys import PageKeys, namespace_seed, page_keys
+from store.hicache.page_keys import PageKeys, namespace_seed, page_keys
 
 # Known answers, tokens 1..8 in pages of 4 with no prior hash: sha256(u32le 1,2,3,4), then
 # sha256(that digest || u32le 5,6,7,8). Literal, so a change of scheme on either side shows.

@@ -19,8 +19,8 @@ import torch
 from heterofold.kv import KVCache
 from store.connection import redis_errors
 from store.errors import BadRequest, StoreError
-from store.hicache.keys import PageKeys, page_keys
 from store.hicache.layout import PageGeometry, kv_to_pages, pages_to_kv, rank_heads
+from store.hicache.page_keys import PageKeys, page_keys
 
 _MAGIC = b"HFPG"
 _VERSION = 1
@@ -58,7 +58,7 @@ def decode_page(data: bytes) -> torch.Tensor | None:
 class PageStore:
     """Pages of one namespace (served model) and TP size; ``keys.tp_rank`` is the rank this
     instance reads and writes by default (an SGLang backend is one rank; the gateway all).
-    The gateway's half is the SGLang engine's page sink (``engines.pages.PageSink``)."""
+    The gateway's half is the SGLang engine's page sink (``engines.page_sink.PageSink``)."""
 
     errors: tuple[type[Exception], ...] = (StoreError,)
 

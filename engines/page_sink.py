@@ -1,6 +1,6 @@
 """The page sink: the SGLang engine's side of HiCache storage, where it writes a KV value as pages for
 its server to load and reads back the pages the server backed up. The gateway hands one in
-(``store.hicache.pages.PageStore`` satisfies it); the engine knows it only by this contract.
+(``store.hicache.page_store.PageStore`` satisfies it); the engine knows it only by this contract.
 
 Rules every sink keeps:
 - Pages are split over ``tp_size`` TP ranks, as the server splits its KV heads; the engine refuses a

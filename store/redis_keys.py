@@ -16,7 +16,7 @@ appears in Redis in clear. Every key carries a TTL; nothing here is ever found w
 Other Redis keys:
 
     {prefix}:conv:...      the gateway's conversations (``gateway/conversations.py``)
-    {prefix}:hicache:...   SGLang HiCache pages and their geometry (``store/hicache/keys.py``)
+    {prefix}:hicache:...   SGLang HiCache pages and their geometry (``store/hicache/page_keys.py``)
 """
 
 from __future__ import annotations
