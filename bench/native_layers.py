@@ -16,7 +16,11 @@ and behave like native?" Rows:
 - ``kv:global`` / ``k:global`` / ``v:global``: only the full-attention layers, on receivers that
   mix them with sliding-window layers (gemma3: 3 of 18), and ``kv:L<i>``: each of them alone;
 - ``kv:global errE`` (``--errors``): K and V there are native plus the share E of the map's error
-  (E = 0.5 halves it): how close the map must come for the receiver to answer.
+  (E = 0.5 halves it): how close the map must come for the receiver to answer;
+- ``head:N`` (``--heads``): native K and V in every layer for the first N mapped context tokens
+  (and every unaligned token before them). Their causal attention sees only recomputed tokens, so
+  this is exactly what recomputing the first N context tokens natively would give: does the block
+  need its first tokens (attention sinks after the template) exact, as it gets its last ones?
 
 Accuracy on the answer items, whole-context KL and top-1 agreement against native (the harness's
 scoring), per kind, on the same items and the same map-only cache for every row.
@@ -71,6 +75,31 @@ def splice(mapped: KVCache, native: KVCache, layers: set[int], keys: bool, value
     return replace(mapped, keys=k, values=v)
 
 
+def splice_head(mapped: KVCache, native: KVCache, upto: int) -> KVCache:
+    """``mapped`` with ``native``'s keys and values, in every layer, at the positions before ``upto``
+    (a sliding layer holds the last tokens only: those of its rows that fall before ``upto``)."""
+    if mapped.num_tokens != native.num_tokens or not bool((mapped.positions == native.positions).all()):
+        raise ValueError("the native and mapped caches hold different tokens or positions")
+
+    def head(m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        rows = max(0, upto - (mapped.num_tokens - m.shape[1]))  # the layer holds the last m.shape[1] tokens
+        if rows == 0:
+            return m
+        return torch.cat([n[:, :rows].to(m.dtype), m[:, rows:]], dim=1)
+
+    return replace(
+        mapped,
+        keys=tuple(head(m, n) for m, n in zip(mapped.keys, native.keys, strict=True)),
+        values=tuple(head(m, n) for m, n in zip(mapped.values, native.values, strict=True)),
+    )
+
+
+def head_end(src: torch.Tensor, n: int) -> int:
+    """The position after the first ``n`` mapped tokens (``src`` >= 0: a sender token maps there)."""
+    mapped = (src >= 0).nonzero().squeeze(1)
+    return int(mapped[n - 1]) + 1 if len(mapped) >= n else len(src)
+
+
 def variants(
     windows: tuple[int, ...], errors: Sequence[float] = (), error_layers: str | None = None
 ) -> list[tuple[str, set[int], bool, bool, float]]:
@@ -99,6 +128,7 @@ async def probe(
     errors: Sequence[float] = (),
     only: set[str] | None = None,
     error_layers: str | None = None,
+    heads: Sequence[int] = (),
 ) -> dict[str, Any]:
     tail = RoleSettings(engine="-").tail_window
     chooser = make_selector(TransferPolicy().selector)
@@ -117,6 +147,10 @@ async def probe(
             if only is not None and name not in only:
                 continue
             await run.run_path(stats, name, run.r_ids, splice(tr.kv, native, layers, k, v, e), tr.total_ms)
+        src = run.hop.source(tr.prefix)
+        for h in heads:
+            upto = head_end(src, h)
+            await run.run_path(stats, f"head:{h}", run.r_ids, splice_head(tr.kv, native, upto), tr.total_ms)
         print(f"items {n + 1}/{len(items)} ({item.kind})", flush=True)
     return {
         "items": len(items), "tail": tail, "layers": {name: sorted(s) for name, s in sets.items()},
@@ -143,6 +177,7 @@ def main() -> None:
         default=None,
         help="where --errors applies (default: full-attention layers if the receiver also has sliding ones, else all)",
     )
+    ap.add_argument("--heads", default="", help="rows with the first N mapped context tokens native, e.g. 4,16,64")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     s, r = LocalEngine.from_zoo(args.sender), LocalEngine.from_zoo(args.receiver)
@@ -150,7 +185,8 @@ def main() -> None:
     kinds = tuple(args.kinds.split(",")) if args.kinds else None
     errors = [float(e) for e in args.errors.split(",") if e]
     only = set(args.rows.split(",")) if args.rows else None
-    result = asyncio.run(probe(s, r, adapter, args.every, kinds, errors, only, args.error_layers))
+    heads = [int(h) for h in args.heads.split(",") if h]
+    result = asyncio.run(probe(s, r, adapter, args.every, kinds, errors, only, args.error_layers, heads))
     print(f"{args.sender} -> {args.receiver}, {result['items']} items, map {args.adapter}")
     report(result, args.json, width=18)
 

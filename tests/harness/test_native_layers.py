@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from bench.native_layers import layer_sets, splice, variants
+from bench.native_layers import head_end, layer_sets, splice, splice_head, variants
 from heterofold.kv import KVCache
 from tests.heterofold.caches import make_kv
 
@@ -55,3 +55,26 @@ def test_variants_add_one_row_per_error_share_on_the_full_attention_layers() -> 
     rows = {name: (layers, k, v, e) for name, layers, k, v, e in variants(WINDOWS, [0.5])}
     assert rows["kv:global err0.5"] == ({2, 5}, True, True, 0.5)
     assert rows["k:global"] == ({2, 5}, True, False, 0.0) and rows["kv:L5"] == ({5}, True, True, 0.0)
+
+
+def test_splice_head_makes_the_first_positions_native_in_every_layer_sliding_ones_where_they_hold_them() -> None:
+    native, mapped = pair()  # T = 10; the sliding layers (window 4) hold positions 7, 8, 9
+    head = splice_head(mapped, native, upto=8)
+    for i, w in enumerate(WINDOWS):
+        native_rows = 8 if w == 0 else 1  # full layers: positions 0-7; sliding: position 7 of 7-9
+        for got, ref, off in (
+            (head.keys[i], native.keys[i], mapped.keys[i]),
+            (head.values[i], native.values[i], mapped.values[i]),
+        ):
+            assert torch.equal(got[:, :native_rows], ref[:, :native_rows])
+            assert torch.equal(got[:, native_rows:], off[:, native_rows:])
+    untouched = splice_head(mapped, native, upto=5)  # before the sliding layers' rows
+    assert torch.equal(untouched.keys[0], mapped.keys[0]) and torch.equal(
+        untouched.keys[2][:, :5], native.keys[2][:, :5]
+    )
+
+
+def test_head_end_counts_mapped_tokens_past_the_unaligned_ones() -> None:
+    src = torch.tensor([-1, -1, 0, 1, -1, 2, 3])  # BOS and a template marker, then text with one unaligned token
+    assert head_end(src, 1) == 3 and head_end(src, 3) == 6 and head_end(src, 4) == 7
+    assert head_end(src, 9) == 7  # fewer mapped tokens than asked: all of them
