@@ -1,7 +1,7 @@
-"""One chat turn for a role: render and check the prompt, plan the hop, generate, and fall back to
-native prefill if the engine refuses the planned KV. Routes call ``prepare`` and then ``stream``;
-what the turn leaves behind (usage, metrics, the request log, the turn's KV for the next hop,
-shadow runs) is ``gateway/accounting.py``'s."""
+"""One chat turn for a role: render and check the prompt, plan the hop, generate, and prefill
+natively if the engine refuses the planned KV (the planner's ``refused`` decides and records it).
+Routes call ``prepare`` and then ``stream``; what the turn leaves behind (usage, metrics, the
+request log, the turn's KV for the next hop, shadow runs) is ``gateway/accounting.py``'s."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from engines.errors import BadPrompt, EngineBusy, KVMismatch, PromptTooLong
 from gateway.accounting import TurnAccounting
 from gateway.engine_pool import EnginePool, PooledEngine
 from gateway.errors import EngineFailed, EngineTimeout, GatewayError, InvalidRequest, UnknownRole
-from gateway.hop import Fallbacks, Hop, HopPlan, HopPlanner
+from gateway.hop import Hop, HopPlan, HopPlanner
 from gateway.schemas import ChatRequest, Usage
 from gateway.settings import Settings, TransferPolicy
 
@@ -41,13 +41,11 @@ class TurnResult:
 
 class ChatService:
     def __init__(
-        self, *, settings: Settings, pool: EnginePool, planner: HopPlanner, fallbacks: Fallbacks,
-        accounting: TurnAccounting,
-    ) -> None:  # fmt: skip
+        self, *, settings: Settings, pool: EnginePool, planner: HopPlanner, accounting: TurnAccounting
+    ) -> None:
         self.settings = settings
         self.pool = pool
         self.planner = planner
-        self.fallbacks = fallbacks
         self.accounting = accounting
 
     def prepare(self, *, role: str, request: ChatRequest, tenant: str, conversation_id: str | None) -> Prepared:
@@ -98,9 +96,7 @@ class ChatService:
             try:
                 first = await self._next(prepared, events)
             except KVMismatch as exc:
-                if plan.past is None:
-                    raise
-                plan = HopPlan("native", fallback=self.fallbacks.record("engine", exc, hop.role), inputs=plan.inputs)
+                plan = self.planner.refused(hop, plan, exc)
                 await _close(events)
                 events = engine.stream(hop.ids, prepared.params, export=prepared.export)
                 first = await self._next(prepared, events)

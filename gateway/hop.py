@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from engines.base import Engine, Timings
-from engines.errors import EngineBusy, EngineError
+from engines.errors import EngineBusy, EngineError, KVMismatch
 from engines.selectors import Evidence, HopText, Selector, candidates, make_selector, select
 from engines.transfer import TransferResult, transfer
 from gateway.background import Background
@@ -206,6 +206,13 @@ class HopPlanner:
     def confirm(self, hop: Hop, plan: HopPlan, timings: Timings) -> HopPlan:
         """The plan as the engine carried it out (an SGLang storage miss turns it native)."""
         return self.imports.confirm(hop, plan, timings)
+
+    def refused(self, hop: Hop, plan: HopPlan, exc: KVMismatch) -> HopPlan:
+        """The plan when the engine refused its KV before answering: native prefill of the original
+        prompt, recorded as a fallback at stage ``engine``. A plan without KV has nothing to refuse."""
+        if plan.past is None:
+            raise exc
+        return HopPlan("native", fallback=self.fallbacks.record("engine", exc, hop.role), inputs=plan.inputs)
 
     async def plan(self, hop: Hop) -> HopPlan:
         best = HopPlan("native")

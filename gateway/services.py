@@ -104,7 +104,7 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
     recorder = TurnRecorder(store=store, conversations=conversations, metrics=metrics)
     accounting = TurnAccounting(recorder=recorder, shadow=shadow, resolver=resolver, store=store, metrics=metrics,
                                 background=background, journal=requests)  # fmt: skip
-    chat = ChatService(settings=settings, pool=pool, planner=planner, fallbacks=fallbacks, accounting=accounting)
+    chat = ChatService(settings=settings, pool=pool, planner=planner, accounting=accounting)
     b = settings.bootstrap
     jobs = FitJobs(
         db=db, pool=pool, resolver=resolver, adapters_dir=settings.adapters_dir, background=background,

@@ -3,15 +3,18 @@ and a metric and a ``transfer.fallback`` event say why."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from engines.errors import KVMismatch
 from engines.local import LocalEngine
 from gateway.registry import versions
 from gateway.settings import StoreSettings
 from heterofold.adapter import Adapter, LayerMap, Side
+from heterofold.kv import KVCache
 from store.redis_server import EmbeddedRedis
 from tests.gateway.conftest import GEMMA, SMOL, Gateway
 from tests.gateway.helpers import CONTEXT, ask, cross_hop, upload
@@ -90,3 +93,33 @@ def test_a_defect_inside_the_transfer_path_answers_natively_and_is_recorded(
     assert hf["path"] == "native" and hf["fallback"] == "IndexError"
     assert any(e["reason"] == "IndexError" and e["stage"] == "transfer" for e in fallback_events(gateway))
     assert any(r.levelname == "ERROR" and "transfer path failed" in r.getMessage() for r in caplog.records)
+
+
+def test_an_engine_that_refuses_the_planned_kv_answers_natively_and_is_recorded(
+    gateway: Gateway, fitted_adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine raises ``KVMismatch`` on the transferred KV before its first token: the planner's
+    ``refused`` turns the plan native, the turn is prefilled from the original prompt, and the
+    fallback is recorded at stage ``engine`` (a metric and an event)."""
+    upload(gateway, fitted_adapter)
+    receiver = gateway.services.pool[GEMMA].engine
+    real, offered = receiver.stream, []
+
+    def refusing(ids: Any, params: Any, *, past: KVCache | None = None, export: Any = "none") -> AsyncIterator[Any]:
+        offered.append(past is not None)
+        if past is None:
+            return real(ids, params, past=past, export=export)
+
+        async def refuse() -> AsyncIterator[Any]:
+            raise KVMismatch("this engine refuses the imported KV (test)")
+            yield  # an async generator, as the engine's stream is
+
+        return refuse()
+
+    monkeypatch.setattr(receiver, "stream", refusing)
+    hf = cross_hop(gateway, "conv-refused")
+    assert offered == [True, False]  # the transferred KV was offered once, then the native prompt
+    assert hf["path"] == "native" and hf["fallback"] == "KVMismatch"
+    assert any(e["reason"] == "KVMismatch" and e["stage"] == "engine" for e in fallback_events(gateway))
+    with gateway.http(None) as http:
+        assert 'heterofold_transfer_fallbacks_total{reason="KVMismatch",stage="engine"}' in http.get("/metrics").text
