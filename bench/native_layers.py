@@ -60,11 +60,15 @@ def layer_sets(windows: tuple[int, ...]) -> dict[str, set[int]]:
     return sets
 
 
+def _check_same_tokens(mapped: KVCache, native: KVCache) -> None:
+    if mapped.num_tokens != native.num_tokens or not bool((mapped.positions == native.positions).all()):
+        raise ValueError("the native and mapped caches hold different tokens or positions")
+
+
 def splice(mapped: KVCache, native: KVCache, layers: set[int], keys: bool, values: bool, error: float = 0.0) -> KVCache:
     """``mapped`` with ``native``'s keys and/or values in ``layers`` (same tokens and positions);
     ``error`` > 0 keeps that share of the map's error there instead (native + error * (mapped - native))."""
-    if mapped.num_tokens != native.num_tokens or not bool((mapped.positions == native.positions).all()):
-        raise ValueError("the native and mapped caches hold different tokens or positions")
+    _check_same_tokens(mapped, native)
 
     def mix(m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
         n = n.to(m.dtype)
@@ -78,8 +82,7 @@ def splice(mapped: KVCache, native: KVCache, layers: set[int], keys: bool, value
 def splice_head(mapped: KVCache, native: KVCache, upto: int) -> KVCache:
     """``mapped`` with ``native``'s keys and values, in every layer, at the positions before ``upto``
     (a sliding layer holds the last tokens only: those of its rows that fall before ``upto``)."""
-    if mapped.num_tokens != native.num_tokens or not bool((mapped.positions == native.positions).all()):
-        raise ValueError("the native and mapped caches hold different tokens or positions")
+    _check_same_tokens(mapped, native)
 
     def head(m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
         rows = max(0, upto - (mapped.num_tokens - m.shape[1]))  # the layer holds the last m.shape[1] tokens

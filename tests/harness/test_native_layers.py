@@ -47,8 +47,11 @@ def test_splice_keeps_the_given_share_of_the_maps_error() -> None:
 
 def test_splice_refuses_caches_of_different_positions() -> None:
     native, mapped = pair()
+    shifted = replace(mapped, positions=mapped.positions + 1)
     with pytest.raises(ValueError, match="different tokens or positions"):
-        splice(replace(mapped, positions=mapped.positions + 1), native, {0}, keys=True, values=True)
+        splice(shifted, native, {0}, keys=True, values=True)
+    with pytest.raises(ValueError, match="different tokens or positions"):
+        splice_head(shifted, native, upto=3)
 
 
 def test_variants_add_one_row_per_error_share_on_the_full_attention_layers() -> None:
