@@ -22,7 +22,7 @@ from typing import Any
 
 from engines.base import SamplingParams
 from engines.local import LocalEngine
-from engines.selectors import BASIC, Evidence, Selection, candidates, choose_with, window
+from engines.selectors import BASIC, Evidence, Selection, candidates, choose_with, warm, window
 from engines.transfer import transfer
 from harness.evaluate import eval_hop, receiver_prompt
 from heterofold.adapter import Adapter
@@ -30,11 +30,12 @@ from heterofold.select import GATE, Ranker, answer_recall, elide, gated, spans_o
 from heterofold.tasks import TaskItem, is_correct
 
 UNIONS = ("sender-attention+receiver-attention", "sender-attention+lexical", "receiver-attention+lexical",
-          "scout+lexical")  # fmt: skip
+          "scout+lexical", "meaning+lexical", "meaning+sender-attention")  # fmt: skip
 # heterofold.select.gated: the lexical part first when it is confident
 GATED = ("lexical/sender-attention", "lexical-hop/sender-attention", "lexical/scout", "lexical-hop/scout")
 # engines.selectors.Fallback: the lexical part alone when confident, else the other first (and its time)
-FALLBACKS = ("lexical|sender-attention", "lexical-hop|sender-attention", "lexical-hop|scout")
+FALLBACKS = ("lexical|sender-attention", "lexical-hop|sender-attention", "lexical-hop|scout", "lexical-hop|meaning",
+             "lexical-hop|meaning|sender-attention")  # fmt: skip
 
 
 async def compare(
@@ -54,7 +55,7 @@ async def compare(
     Selectors that need what is not given (an adapter for receiver-attention, a scout) are left out.
     ``quote_selectors`` limits the quote accuracy (a greedy answer per selector and item) to those
     named; None quotes every selector's choice."""
-    names = ["lexical", "lexical-hop", "sender-attention"]
+    names = ["lexical", "lexical-hop", "meaning", "sender-attention"]
     if adapter is not None:
         names.append("receiver-attention")
     if scout is not None:
@@ -62,6 +63,7 @@ async def compare(
     unions = [u for u in UNIONS if all(p in names for p in u.split("+"))]
     gates = [g for g in GATED if all(p in names for p in g.split("/"))]
     fallbacks = [f for f in FALLBACKS if all(p in names for p in f.split("|"))]
+    warm("meaning")  # its table loads once, before any item is timed
     rows: list[dict[str, Any]] = []
     greedy = SamplingParams(max_tokens=24)
     for n, item in enumerate(i for i in items if i.metric == "answer"):
@@ -83,10 +85,11 @@ async def compare(
             rankers[g] = (gated(*(rankers[p][0] for p in parts)), sum(rankers[p][1] for p in parts))
         view, unsure = spans_of(*window(ev)), {}
         for f in fallbacks:
-            first, other = (rankers[p] for p in f.split("|"))
+            first, *others = (rankers[p] for p in f.split("|"))
             confidence = first[0](view).confidence
             sure = confidence is None or confidence >= GATE
-            rankers[f] = first if sure else (union(other[0], first[0]), first[1] + other[1])
+            rest = union(*(o[0] for o in others)) if len(others) > 1 else others[0][0]
+            rankers[f] = first if sure else (union(rest, first[0]), first[1] + sum(o[1] for o in others))
             unsure[f] = not sure
         ctx_at = hop.receiver_text.index(item.context)
         row: dict[str, Any] = {"id": item.id, "kind": item.kind or "all", "selectors": {}}

@@ -40,7 +40,7 @@ DEFAULT_TAIL = RoleSettings(engine="-").tail_window
 
 
 SELECTOR_HELP = (
-    "Selector (engines/selectors.py): lexical, lexical-hop, sender-attention, receiver-attention, scout, or "
+    "Selector (engines/selectors.py): lexical, lexical-hop, meaning, sender-attention, receiver-attention, scout, or "
     "several joined by '+' (their union), '/' (a union led by the first when it is sure) or '|' (the first "
     "alone when it is sure, else the others first). Default: the gateway's."
 )

@@ -9,6 +9,9 @@ ranking and a budget into token positions (whole sentences, best first). Names, 
 - ``lexical``: BM25 of each sentence for the question's words (``heterofold.select.lexical``);
 - ``lexical-hop``: lexical, then the rest ranked again with the first sentence's words added
   (``heterofold.select.lexical_hop``): reads the second fact of a chain;
+- ``meaning``: lexical matching by meaning (``heterofold.select.meaning``): a question word meets
+  its closest word in each sentence by the cosine of their static embeddings (``engines.lexicon``,
+  gemma3-270m's table read in place), so "safe" finds "strongbox"; no model runs;
 - ``sender-attention``: the question, in the sender's tokens (``Question: ...`` then ``Answer:``),
   run by the sender over its own native cache; the last token's attention over the context,
   averaged over heads and over the sender's full-attention layers from a third of the depth up
@@ -37,6 +40,7 @@ receiver's prompt from the first section's start to the last one's end.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,10 +49,12 @@ from typing import ClassVar, Protocol
 import torch
 
 from engines.base import Engine
+from engines.lexicon import LexiconUnavailable, lexicon, use_zoo
+from engines.zoo import Zoo
 from heterofold.align import Section, align_tokens
 from heterofold.errors import HeteroFoldError
 from heterofold.kv import KVCache
-from heterofold.select import GATE, Ranker, choose, gated, lexical, lexical_hop, scored, spans_of, union
+from heterofold.select import GATE, Ranker, choose, gated, lexical, lexical_hop, meaning, scored, spans_of, union
 
 SCOUT = "qwen2.5-coder-0.5b-instruct"
 QUESTION_PROMPT = "\n\nQuestion: {question}\nAnswer:"  # what the sender reads after its own cache
@@ -136,6 +142,19 @@ class LexicalHop:
 
     async def ranker(self, ev: Evidence) -> Ranker:
         return lexical_hop(ev.hop.question)
+
+
+@dataclass(frozen=True)
+class Meaning:
+    name: str = "meaning"
+    needs_map: bool = False
+
+    async def ranker(self, ev: Evidence) -> Ranker:
+        try:
+            vectors = lexicon()
+        except LexiconUnavailable as exc:
+            raise SelectorUnavailable(str(exc)) from exc
+        return meaning(ev.hop.question, vectors)
 
 
 @dataclass(frozen=True)
@@ -268,10 +287,11 @@ class Fallback(_Joined):
 
 LEXICAL = Lexical()
 BASIC: dict[str, Selector] = {
-    s.name: s for s in (Lexical(), LexicalHop(), SenderAttention(), ReceiverAttention(), Scout())
+    s.name: s for s in (Lexical(), LexicalHop(), Meaning(), SenderAttention(), ReceiverAttention(), Scout())
 }
 SELECTORS = (*BASIC, "sender-attention+receiver-attention", "sender-attention+lexical", "receiver-attention+lexical",
-             "lexical/sender-attention", "lexical-hop/sender-attention", "lexical-hop|sender-attention")  # fmt: skip
+             "lexical/sender-attention", "lexical-hop/sender-attention", "lexical-hop|sender-attention",
+             "lexical-hop|meaning", "lexical-hop|meaning|sender-attention")  # fmt: skip
 
 
 def make_selector(name: str) -> Selector:
@@ -292,6 +312,17 @@ def make_selector(name: str) -> Selector:
     if unknown or len(set(names)) != len(names):
         raise ValueError(f"unknown selector {name!r}: choose from {', '.join(BASIC)}, or join them with '+'")
     return BASIC[name] if len(names) == 1 else Union(tuple(BASIC[n] for n in names))
+
+
+def warm(name: str, zoo: Zoo | None = None) -> None:
+    """Load what selector ``name`` reads lazily (the meaning selector's table, about 3 s) now, so no
+    hop or timed item pays for it; a table that is missing is left to the hop to report. ``zoo``:
+    where the table is read from, for every later hop too (default ``Zoo()``)."""
+    if zoo is not None:
+        use_zoo(zoo)
+    if "meaning" in name.replace("|", "+").replace("/", "+").split("+"):
+        with contextlib.suppress(LexiconUnavailable):
+            lexicon()
 
 
 @dataclass(frozen=True)

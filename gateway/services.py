@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy.exc import SQLAlchemyError
 
 from engines.base import Engine
-from engines.selectors import SCOUT
+from engines.selectors import SCOUT, warm
 from engines.zoo import Zoo
 from gateway.accounting import TurnAccounting
 from gateway.auth import KeyRing
@@ -95,6 +95,9 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
         p = pool.by_fingerprint(fingerprint)
         return p.engine if p else None
 
+    for role in settings.roles.values():  # the meaning selector's table, read from the gateway's zoo
+        for name in {role.policy.selector, *role.policy.sender_selectors.values()}:
+            await asyncio.to_thread(warm, name, Zoo(settings.cache_dir))
     scout = next((p.engine for p in pool if p.engine.spec.name == SCOUT and hasattr(p.engine, "attention")),
                  None)  # fmt: skip
     planner = HopPlanner(store=store, conversations=conversations, resolver=resolver, fallbacks=fallbacks,

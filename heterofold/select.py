@@ -7,7 +7,8 @@ question) is known when the choice is made. This module is the text side of ever
 (``engines/selectors.py`` reads the models): sentences, a ``Ranker`` that orders them, and
 ``choose``, which turns a ranking and a budget into tokens. Rankers: ``lexical`` (below, steps
 2-3; its ranking's confidence is ``coverage``), ``lexical_hop`` (lexical, then one feedback hop for
-a chain of facts), ``scored`` (one evidence score per token, e.g. attention, pooled over ``POOL``
+a chain of facts), ``meaning`` (lexical matching by the words' static embeddings, so a synonym matches),
+``scored`` (one evidence score per token, e.g. attention, pooled over ``POOL``
 neighbouring tokens; a sentence scores its best token), ``union`` (rankings interleaved) and
 ``gated`` (a union whose first ranker leads only when it is confident).
 ``select_tokens`` is ``choose`` with the lexical ranker:
@@ -162,6 +163,62 @@ def lexical_hop(question: str) -> Ranker:
             matched = _tokens_per_span([(s, e) for stem, s, e in words[j] if stem in query], view.offsets, view.live)
             anchors[j] = {t for ts in matched for t in ts}
         return Ranking([top, *rest], anchors, head.confidence)
+
+    return rank
+
+
+WordVectors = Callable[[Sequence[str]], torch.Tensor]  # words -> (n, d) unit vectors
+
+
+def meaning(question: str, vectors: WordVectors) -> Ranker:
+    """Lexical matching by meaning: each content word of the question meets, in every sentence,
+    the word closest to it by the cosine of their static embeddings (``vectors``; the same stem
+    counts 1.0, a negative cosine 0), weighted by that word's IDF over the sentences; a sentence
+    scores the IDF-weighted sum over the question's words (a word no sentence holds weighs most).
+    "What is the code for the safe?" finds "To open the strongbox, enter 34344." through
+    safe ~ strongbox, which BM25 cannot. A sentence taken in part keeps its matched words first.
+    No model runs: a table look-up per distinct word."""
+
+    def rank(view: Spans) -> Ranking:
+        words = [_words(view.context, s, e) for s, e in view.spans]
+        asked = sorted({(stem, question[s:e].casefold()) for stem, s, e in _words(question, 0, len(question))})
+        seen: dict[str, str] = {}  # stem -> its first surface form in the context
+        for ws in words:
+            for stem, s, e in ws:
+                seen.setdefault(stem, view.context[s:e].casefold())
+        if not asked or not seen:
+            return Ranking([], {})
+        stems = list(seen)
+        n = len(view.spans)
+        df = Counter(stem for ws in words for stem in {w for w, _, _ in ws})
+        idf = torch.tensor([math.log(1 + (n - df[st] + 0.5) / (df[st] + 0.5)) for st in stems], dtype=torch.float64)
+        q_idf = torch.tensor([math.log(1 + (n - df.get(st, 0) + 0.5) / (df.get(st, 0) + 0.5)) for st, _ in asked],
+                             dtype=torch.float64)  # fmt: skip
+        sims = (vectors([w for _, w in asked]) @ vectors([seen[st] for st in stems]).T).double().clamp(min=0)
+        column = {st: j for j, st in enumerate(stems)}
+        for i, (st, _) in enumerate(asked):
+            if st in column:
+                sims[i, column[st]] = 1.0
+        weighted = sims * idf  # (question words, context stems)
+        pairs = sorted({(j, column[st]) for j, ws in enumerate(words) for st, _, _ in ws})
+        span = torch.tensor([j for j, _ in pairs], dtype=torch.int64)
+        values = weighted[:, [c for _, c in pairs]]  # (question words, distinct (sentence, stem) pairs)
+        best = torch.zeros(len(asked), n, dtype=torch.float64).scatter_reduce(
+            1, span.expand(len(asked), -1), values, "amax", include_self=True
+        )  # per question word, its best match in each sentence
+        scores = (best * q_idf[:, None]).sum(0).tolist()
+        order = sorted((j for j, score in enumerate(scores) if score > 0), key=lambda j: (-scores[j], j))
+        hits: dict[int, set[str]] = {}  # per sentence, the stems that are some question word's best match
+        is_best = ((values == best[:, span]) & (values > 0)).any(0).tolist()
+        for (j, c), hit in zip(pairs, is_best, strict=True):
+            if hit:
+                hits.setdefault(j, set()).add(stems[c])
+        anchors = {}
+        for j in order:
+            found = [(s, e) for st, s, e in words[j] if st in hits.get(j, ())]
+            matched = _tokens_per_span(found, view.offsets, view.live)
+            anchors[j] = {t for ts in matched for t in ts}
+        return Ranking(order, anchors)
 
     return rank
 

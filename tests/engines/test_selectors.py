@@ -97,6 +97,8 @@ def test_every_selector_chooses_through_one_interface(load_engine: Any) -> None:
     # the paraphrased question shares no word with its sentence: BM25 cannot find it, the scout
     # (qwen2.5 reading the text) does (BENCHMARKS.md measures both on many items)
     assert not recalled["lexical"] and recalled["scout"]
+    # the meaning selector reads the same question by word vectors, no model run ("safe" ~ "strongbox")
+    assert recalled["meaning"] and recalled["lexical-hop|meaning"]
     # a union leaves out the part the hop cannot run (no embedded sender: lexical alone)
     blind = replace(ev, sender=None)
     lexical = run(select(make_selector("lexical"), blind, 0.02)).positions

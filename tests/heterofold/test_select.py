@@ -5,8 +5,11 @@ spaces), and ``test_subword_offsets_cover_the_whole_sentence`` checks that granu
 
 import math
 import re
+import zlib
+from collections.abc import Sequence
 
 import pytest
+import torch
 
 from heterofold.select import (
     MAX_SPAN_CHARS,
@@ -18,10 +21,12 @@ from heterofold.select import (
     gated,
     lexical,
     lexical_hop,
+    meaning,
     quote_into,
     scored,
     select_tokens,
     sentence_spans,
+    spans_of,
     union,
 )  # fmt: skip
 from heterofold.suite import builtin_suite
@@ -330,3 +335,42 @@ def test_answer_recall_needs_the_value_and_its_whole_sentence() -> None:
     assert answer_recall(context, "48213", [(0, 11)]) == (False, False)
     assert answer_recall(context, "", [sentence]) == (False, False)
     assert answer_recall(context, "99999", [(0, len(context))]) == (False, False)
+
+
+# --- meaning: lexical matching by static word vectors -----------------------------------------------
+
+SYNONYMS = {"strongbox": "safe", "automobile": "car"}  # a word and its synonym share one direction
+
+
+def toy_vectors(words: Sequence[str]) -> torch.Tensor:
+    """Unit vectors: one axis per word (a synonym takes its partner's), every other pair orthogonal."""
+    out = torch.zeros(len(words), 256)
+    for i, w in enumerate(words):
+        out[i, zlib.crc32(SYNONYMS.get(w, w).encode()) % 256] = 1.0
+    return out
+
+
+def test_meaning_finds_the_sentence_a_synonym_points_to() -> None:
+    context = "The code base is large. To open the strongbox, enter 34344. The code is tested. Rain fell."
+    offsets = ws_offsets(context)
+    question = "What is the code for the safe?"
+    k = budget_for(6, offsets)  # one short sentence
+    assert "strongbox" not in chosen_text(context, offsets, choose(context, offsets, k, lexical(question)))
+    got = chosen_text(context, offsets, choose(context, offsets, k, meaning(question, toy_vectors)))
+    assert got == "To open the strongbox, enter 34344."  # "safe" (in no sentence) outweighs the common "code"
+
+
+def test_meaning_counts_the_same_stem_as_a_full_match_and_keeps_matched_words_first() -> None:
+    context = "Cars rust in the rain. A small bird sang in the old tree at dawn, loud and clear. Rain fell."
+    offsets = ws_offsets(context)
+    ranker = meaning("Which birds?", toy_vectors)
+    assert ranker(spans_of(context, offsets)).order == [1]  # "birds" ~ "bird" by stem; nothing else matches
+    assert chosen_text(context, offsets, choose(context, offsets, budget_for(2, offsets), ranker)) == "small bird"
+
+
+def test_meaning_without_content_words_ranks_nothing() -> None:
+    context = "Rain fell. The sun rose."
+    offsets = ws_offsets(context)
+    ranker = meaning("What is it?", toy_vectors)
+    assert ranker(spans_of(context, offsets)).order == []
+    assert choose(context, offsets, budget_for(2, offsets), ranker) == [len(offsets) - 2, len(offsets) - 1]
