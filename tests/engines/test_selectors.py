@@ -202,6 +202,11 @@ def test_bench_selectors_reports_recall_time_and_quote_accuracy_per_selector(loa
         "lexical-hop/sender-attention",
         "lexical|sender-attention",
         "lexical-hop|sender-attention",
+        "meaning",
+        "meaning+lexical",
+        "meaning+sender-attention",
+        "lexical-hop|meaning",
+        "lexical-hop|meaning|sender-attention",
     }
     lexical = result["summary"]["lexical"]["all"]
     assert lexical["n"] == 2 and lexical["sentence@0.05"] == 1.0  # the question repeats the needle's words
@@ -210,4 +215,7 @@ def test_bench_selectors_reports_recall_time_and_quote_accuracy_per_selector(loa
         for per in row["selectors"].values():
             assert per["read_ms"] >= 0 and per["0.05"]["ms"] >= per["read_ms"]
             assert per["0.02"]["sentence"] <= per["0.05"]["sentence"]  # a larger budget keeps the smaller's choice
+    # a selector's time includes its ranking: the meaning selector's work is all ranking
+    assert all(row["selectors"]["meaning"]["read_ms"] > 0 for row in result["per_item"])
+    assert result["summary"]["meaning"]["all"]["ms@0.02"] >= result["summary"]["meaning"]["all"]["read_ms"]
     assert "| lexical |" in markdown(result) and "| sender-attention+lexical |" in across([result, result])
