@@ -36,3 +36,19 @@ def test_a_synonym_is_closer_than_unrelated_words(zoo: Zoo, load_engine) -> None
 def test_a_zoo_without_the_embedder_says_how_to_get_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(LexiconUnavailable, match="heterofold models pull gemma3-270m"):
         Lexicon.from_zoo(Zoo(tmp_path))
+
+
+def test_warm_loads_the_table_only_for_a_selector_that_reads_it(zoo: Zoo, load_engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from engines.selectors import make_selector, warm
+
+    load_engine(EMBEDDER)
+    empty = Zoo(tmp_path)
+    try:
+        warm("lexical-hop|sender-attention", empty)  # reads no table: nothing to load, nothing raised
+        warm("lexical-hop|meaning", empty)  # the table is missing: left to the hop to report
+        with pytest.raises(LexiconUnavailable):
+            lexicon()  # the warmed zoo is the one later hops read
+        assert make_selector("lexical-hop|meaning").name == "lexical-hop|meaning"
+    finally:
+        warm("lexical-hop|meaning", zoo)
+    assert lexicon() is lexicon(zoo)
