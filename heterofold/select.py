@@ -213,11 +213,11 @@ def meaning(question: str, vectors: WordVectors) -> Ranker:
         for (j, c), hit in zip(pairs, is_best, strict=True):
             if hit:
                 hits.setdefault(j, set()).add(stems[c])
-        anchors = {}
-        for j in order:
-            found = [(s, e) for st, s, e in words[j] if st in hits.get(j, ())]
-            matched = _tokens_per_span(found, view.offsets, view.live)
-            anchors[j] = {t for ts in matched for t in ts}
+        found = [(j, s, e) for j in sorted(hits) for st, s, e in words[j] if st in hits[j]]  # in text order
+        anchors: dict[int, set[int]] = {j: set() for j in order}
+        for (j, _, _), ts in zip(found, _tokens_per_span([(s, e) for _, s, e in found], view.offsets, view.live),
+                                 strict=True):  # fmt: skip
+            anchors[j].update(ts)  # one pass over the tokens for every sentence's matched words
         return Ranking(order, anchors)
 
     return rank
