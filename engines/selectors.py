@@ -30,7 +30,7 @@ ranking and a budget into token positions (whole sentences, best first). Names, 
   A is confident of its first one (lexical: the question's content words, IDF-weighted, covered
   at least ``GATE``), B's lead otherwise, e.g. ``lexical/sender-attention``;
 - ``A|B``: A alone when it is confident, else B's sentences first and then A's: B reads only
-  when A is unsure (a look-up costs lexical's time), e.g. ``lexical-hop|sender-attention`` (the
+  when A is unsure (a look-up costs lexical's time), e.g. ``lexical-hop|meaning`` (the
   gateway's default).
 
 Candidates are the receiver's prompt tokens inside the shared sections that have a sender token and

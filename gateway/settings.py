@@ -84,7 +84,7 @@ class TransferPolicy(_Section):
     transfer: bool = True  # cross-model transfer through the active adapter
     same_model: bool = True  # between roles on one model: the identity adapter (RoPE re-applied)
     recompute_budget: float = Field(default=0.02, ge=0.0, le=1.0)  # BENCHMARKS.md, "The served budget"
-    selector: str = "lexical-hop|sender-attention"  # BENCHMARKS.md, "Which tokens to read"
+    selector: str = "lexical-hop|meaning"  # BENCHMARKS.md, "Which tokens to read"
     sender_selectors: dict[str, str] = Field(default_factory=dict)  # sender engine -> selector for its hops
     path: Literal["transfer", "map_quote", "quote"] | None = None
     min_uncached_tokens: int = Field(default=64, ge=1)

@@ -219,3 +219,25 @@ def test_bench_selectors_reports_recall_time_and_quote_accuracy_per_selector(loa
     assert all(row["selectors"]["meaning"]["read_ms"] > 0 for row in result["per_item"])
     assert result["summary"]["meaning"]["all"]["ms@0.02"] >= result["summary"]["meaning"]["all"]["read_ms"]
     assert "| lexical |" in markdown(result) and "| sender-attention+lexical |" in across([result, result])
+
+
+def test_meaning_fallback_without_its_table_is_lexical_hop(load_engine: Any, zoo: Any, tmp_path: Any) -> None:
+    """An SGLang gateway whose zoo lacks gemma3's table: ``lexical-hop|meaning`` leaves the
+    meaning part out (``SelectorUnavailable``) and chooses what lexical-hop chooses."""
+    from engines.lexicon import use_zoo
+    from engines.zoo import Zoo
+
+    sender, receiver = load_engine(SMOL), load_engine(GEMMA)
+    item = next(i for i in builtin_suite(lengths=(1024,), kinds=("paraphrase",)) if "-d50-" in i.id)
+    hop: HopText = run(eval_hop(sender, receiver, item))
+    prefix = hop.transferable_prefix()
+    ev = Evidence(hop, candidates(hop, hop.source(prefix), prefix))
+    plain = run(select(make_selector("lexical-hop"), ev, 0.02)).positions
+    assert run(select(make_selector("lexical-hop|meaning"), ev, 0.02)).positions != plain  # unsure: meaning leads
+    use_zoo(Zoo(tmp_path))
+    try:
+        assert run(select(make_selector("lexical-hop|meaning"), ev, 0.02)).positions == plain
+        with pytest.raises(SelectorUnavailable, match="heterofold models pull gemma3-270m"):
+            run(select(make_selector("meaning"), ev, 0.02))
+    finally:
+        use_zoo(zoo)

@@ -95,7 +95,7 @@ def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
     hf, prompt_tokens, cached = hop("summarizer", "conv-map-quote")
     assert transferred["path"] == "transfer" and transfer_tokens == native_tokens
     assert hf["path"] == "map_quote" and hf["adapter_version"] == "test-v1" and hf["fallback"] is None
-    assert alone["selector"] is None and transferred["selector"] == hf["selector"] == "lexical-hop|sender-attention"
+    assert alone["selector"] is None and transferred["selector"] == hf["selector"] == "lexical-hop|meaning"
     assert hf["tokens_transferred"] > 300 and cached >= hf["tokens_transferred"]
     # the chosen tokens (recompute_budget 10% of the context) are quoted, not recomputed ...
     chosen = transferred["tokens_recomputed"] - hf["tokens_recomputed"]

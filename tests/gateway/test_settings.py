@@ -17,7 +17,7 @@ def test_a_hop_from_a_named_sender_uses_its_selector_and_every_other_the_default
     policy = TransferPolicy(selector="lexical", sender_selectors={"qwen": "sender-attention+lexical"})
     assert policy.selector_for("qwen") == "sender-attention+lexical"
     assert policy.selector_for("smollm2") == "lexical"
-    assert TransferPolicy().selector_for("qwen") == "lexical-hop|sender-attention"  # the served default
+    assert TransferPolicy().selector_for("qwen") == "lexical-hop|meaning"  # the served default
 
 
 def test_an_unknown_selector_is_refused_with_the_known_ones() -> None:
