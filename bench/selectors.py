@@ -69,7 +69,7 @@ async def compare(
     for n, item in enumerate(i for i in items if i.metric == "answer"):
         hop = await eval_hop(sender, receiver, item)
         prefix = hop.transferable_prefix()
-        ev = Evidence(hop, candidates(hop, hop.source(prefix), prefix), sender, receiver, None, scout)
+        ev = Evidence(hop, candidates(hop, prefix), sender, receiver, None, scout)
         rankers: dict[str, tuple[Ranker, float]] = {}
         view = spans_of(*window(ev))
         for name in names:

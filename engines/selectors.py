@@ -331,12 +331,15 @@ class Selection:
     ms: float  # the selector's own time (reads and ranking)
 
 
-def candidates(hop: HopText, src: torch.Tensor, prefix: int) -> list[int]:
+def candidates(hop: HopText, prefix: int) -> list[int]:
+    """The prefix positions a selector may choose: every receiver token with text inside the shared
+    sections' window, those with no sender token included. Those are recomputed on every hop anyway
+    (``engines.transfer``), but a sentence is only whole, to be quoted or counted as read, with them:
+    qwen2.5's ".\n\n" holds a sentence's final "." and has no sender token."""
     lo, hi = hop.window()
-    aligned = src.tolist()
     return [
         j for j in range(prefix)
-        if aligned[j] >= 0 and hop.receiver_offsets[j][1] > hop.receiver_offsets[j][0]
+        if hop.receiver_offsets[j][1] > hop.receiver_offsets[j][0]
         and lo <= hop.receiver_offsets[j][0] and hop.receiver_offsets[j][1] <= hi
     ]  # fmt: skip
 

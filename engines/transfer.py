@@ -103,7 +103,7 @@ async def transfer(
     map_ms = 0.0
     dense = None
     if selection is None:
-        ev = Evidence(hop, candidates(hop, src, prefix), sender, receiver, None, scout)
+        ev = Evidence(hop, candidates(hop, prefix), sender, receiver, None, scout)
         if selector.needs_map and budget > 0:
             dense = adapter.apply(hop.sender_kv, src, ids, None, embeddings=_embeddings(adapter, receiver))
             map_ms = (time.perf_counter() - t1) * 1000

@@ -316,7 +316,7 @@ class HopPlanner:
     def evidence(self, hop: Hop, inputs: TransferInputs) -> Evidence:
         text = hop_text(hop, inputs)
         prefix = text.transferable_prefix()
-        return Evidence(text, candidates(text, text.source(prefix), prefix), self.engines(inputs.pair[0]),
+        return Evidence(text, candidates(text, prefix), self.engines(inputs.pair[0]),
                         hop.engine, None, self.scout)  # fmt: skip
 
     async def _quote(self, hop: Hop, inputs: TransferInputs) -> HopPlan:

@@ -132,7 +132,7 @@ async def build_docs(
         question = _question(rng, context)
         hop = await eval_hop(sender, receiver, TaskItem(f"fit-{n}", context, question, "-"))
         prefix = hop.transferable_prefix()
-        ev = Evidence(hop, candidates(hop, hop.source(prefix), prefix))
+        ev = Evidence(hop, candidates(hop, prefix))
         plain = await _native_doc(receiver, adapter, hop, answer_tokens)
         docs = []
         for b in budgets:

@@ -258,7 +258,7 @@ class ItemRun:
         src = hop.source(self.prefix)
         self.unaligned = (src < 0).nonzero().squeeze(1).tolist()
         self.selector, self.served = selector, served
-        self.evidence = Evidence(hop, candidates(hop, src, self.prefix), self.sender, self.receiver, None, scout)
+        self.evidence = Evidence(hop, candidates(hop, self.prefix), self.sender, self.receiver, None, scout)
         self.q_start = hop.receiver_text.index(self.item.context)
         self._map_ms = 0.0
 

@@ -26,7 +26,7 @@ def test_quote_prompt_holds_the_selected_needle_and_the_question(load_engine) ->
     item = builtin_suite(lengths=(512,), kinds=("passkey",))[2]
     hop = run(eval_hop(engine, engine, item))
     prefix = hop.transferable_prefix()
-    ev = Evidence(hop, candidates(hop, hop.source(prefix), prefix))
+    ev = Evidence(hop, candidates(hop, prefix))
     picked = run(select(LEXICAL, ev, 0.05)).positions
     assert picked and all(hop.receiver_text.index(item.context) <= hop.receiver_offsets[j][0] for j in picked)
     quoted = elide(hop.receiver_text, [hop.receiver_offsets[j] for j in picked])
