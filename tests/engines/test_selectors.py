@@ -255,9 +255,7 @@ def test_candidates_hold_tokens_with_no_sender_token(load_engine: Any) -> None:
         prefix = hop.transferable_prefix()
         src = hop.source(prefix).tolist()
         cands = candidates(hop, prefix)
-        lo, hi = hop.window()
-        inside = [j for j in range(prefix) if lo <= hop.receiver_offsets[j][0] < hop.receiver_offsets[j][1] <= hi]
-        assert cands == inside and any(src[j] < 0 for j in cands)
+        assert any(src[j] < 0 for j in cands)
         sel = run(select(make_selector("lexical-hop"), Evidence(hop, cands), 0.02))
         at = hop.receiver_text.index(item.context)
         spans = [(hop.receiver_offsets[j][0] - at, hop.receiver_offsets[j][1] - at) for j in sel.positions]
