@@ -11,8 +11,9 @@ It asks whether the mapped background dilutes the receiver's attention away from
 answer sentence, and whether a fixed down-weighting buys look-up accuracy without losing what
 the map carries on whole-context prompts.
 
-Not a product path: the bias lives in this process only (it replaces the ``sdpa`` attention
-function of transformers while it runs). On the builtin suite at 1024 tokens, every item, the
+Not a product path: the bias lives in this process only (``bench.mapped_attention``, which also
+places it on the right positions of a sliding layer's windowed cache). On the builtin suite at
+1024 tokens, every item, the
 same selection (the gateway's default selector and tail window) for every row, plus native,
 quote and the map with the spans quoted on the same items.
 """
@@ -27,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from bench.mapped_attention import MappedAttention, mapped_positions
 from engines.local import LocalEngine
 from engines.selectors import make_selector
 from engines.transfer import transfer
@@ -38,37 +38,12 @@ from harness.evaluate import ItemRun, PathStats
 from heterofold.adapter import Adapter
 from heterofold.suite import builtin_suite
 
-_bias: list[torch.Tensor | None] = [None]  # per key position of the imported prefix; read on the engine's thread
-
-
-def _biased_sdpa(
-    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, **kwargs: Any,
-) -> tuple[torch.Tensor, None]:  # fmt: skip
-    """SDPA with ``_bias`` added to the logits of the first ``len(bias)`` key columns."""
-    bias = _bias[0]
-    if bias is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    q_len, k_len, dtype = query.shape[2], key.shape[2], query.dtype
-    low = torch.finfo(dtype).min
-    if attention_mask is None:  # no mask: causal over the new rows (one row when decoding)
-        rows, cols = torch.arange(q_len)[:, None], torch.arange(k_len)[None, :]
-        base = torch.zeros(q_len, k_len, dtype=dtype).masked_fill_(cols > k_len - q_len + rows, low)[None, None]
-    elif attention_mask.dtype == torch.bool:
-        base = torch.zeros(attention_mask.shape, dtype=dtype).masked_fill_(~attention_mask, low)
-    else:
-        base = attention_mask.to(dtype)
-    add = torch.zeros(k_len, dtype=dtype)
-    n = min(bias.shape[0], k_len)
-    add[:n] = bias[:n].to(dtype)
-    mask = (base + add.to(base.device)).clamp_min(low)
-    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
-
 
 async def probe(
     sender: LocalEngine, receiver: LocalEngine, adapter: Adapter, betas: list[float], budget: float, every: int
 ) -> dict[str, Any]:
-    AttentionInterface.register("sdpa", _biased_sdpa)
+    MappedAttention.install(receiver.model)
+    rule = MappedAttention.for_model(receiver.model)
     policy, tail = TransferPolicy(), RoleSettings(engine="-").tail_window
     chooser = make_selector(policy.selector)
     items = builtin_suite(lengths=(1024,), per_cell=1)[::every]
@@ -81,14 +56,12 @@ async def probe(
         await run.mapped_quote(stats, "map", adapter, budget)
         sel = await run.chosen(budget)
         tr = await transfer(adapter, run.hop, receiver, selection=sel, tail=tail)
-        native = set(sel.positions) | set(run.unaligned) | set(range(max(run.prefix - tail, 0), run.prefix))
-        mapped = torch.tensor([j not in native for j in range(tr.kv.num_tokens)])
+        mapped = mapped_positions(run.hop, tr, tail)
         for beta in betas:
-            _bias[0] = torch.where(mapped, beta, 0.0) if beta else None
-            try:
+            with torch.no_grad():
+                rule.bias.fill_(beta)
+            with rule.active(mapped):
                 await run.run_path(stats, f"map@{budget:g} beta={beta:g}", run.r_ids, tr.kv, sel.ms + tr.total_ms)
-            finally:
-                _bias[0] = None
         print(f"items {n + 1}/{len(items)} ({item.kind})", flush=True)
     return {"selector": policy.selector, "budget": budget, "tail": tail, "items": len(items),
             "paths": {path: summary_by_kind(st) for path, st in stats.items()}}  # fmt: skip

@@ -55,7 +55,7 @@ import torch
 from engines.base import SamplingParams
 from engines.local import LocalEngine
 from engines.selectors import Evidence, HopText, Selection, Selector, candidates, make_selector, select, warm
-from engines.transfer import transfer
+from engines.transfer import TransferResult, transfer
 from heterofold.adapter import Adapter
 from heterofold.align import shared_sections
 from heterofold.fidelity import first_token_kl, mean_kl, top1_agreement
@@ -305,6 +305,12 @@ class ItemRun:
         await self.run_path(stats, f"recompute_only@{b:g}", ids, kv, sel.ms + prefill_ms)
 
     async def mapped_quote(self, stats: dict[str, PathStats], name: str, adapter: Adapter, b: float) -> None:
+        ids, _, tr, select_ms = await self.quoted_transfer(adapter, b)
+        await self.run_path(stats, f"{name}+quote@{b:g}", ids, tr.kv, select_ms + tr.total_ms)
+
+    async def quoted_transfer(self, adapter: Adapter, b: float) -> tuple[list[int], HopText, TransferResult, float]:
+        """The ``map_quote`` hop: the whole context mapped, the budget's spans quoted before the
+        question; its receiver ids, hop, transfer and the selector's time."""
         quoted, select_ms = await self.quoted(b)
         item = self.item
         content = f"{item.context}\n\nQuestion: {item.question}"
@@ -316,7 +322,7 @@ class ItemRun:
         hop = replace(self.hop, receiver_text=text, receiver_ids=enc.ids, receiver_offsets=enc.offsets,
                       sections=shared_sections(self.hop.sender_text, text, [item.context]))  # fmt: skip
         tr = await transfer(adapter, hop, self.receiver, tail=self.tail)
-        await self.run_path(stats, f"{name}+quote@{b:g}", ids, tr.kv, select_ms + tr.total_ms)
+        return ids, hop, tr, select_ms
 
     async def mapped(self, stats: dict[str, PathStats], name: str, adapter: Adapter, b: float) -> None:
         sel = await self.chosen(b) if b > 0 else Selection([], 0.0)
