@@ -193,7 +193,7 @@ async def probe(args: argparse.Namespace) -> dict[str, Any]:
             "fits": fits, **result}  # fmt: skip
 
 
-LOOKUPS = ("passkey", "multi-key", "facts", "hand-off")  # BENCHMARKS.md's look-up columns
+LOOKUPS = ("passkey", "multikey", "facts", "handoff")  # BENCHMARKS.md's look-up columns
 NO_SHARED = ("paraphrase", "update", "chain")
 
 

@@ -119,3 +119,16 @@ def test_a_step_on_the_rule_lowers_a_fixed_loss(load_engine: Callable[[str], Loc
 
     losses = asyncio.run(r.run_exclusive(train))
     assert losses[-1] < 0.8 * losses[0]
+
+
+def test_the_probe_table_counts_every_kind_of_the_suite() -> None:
+    """``bench.learned_bias.table`` reads the suite's own item ids: all look-ups right and every
+    other answer wrong give 1.00 and 0.00, and the whole-context columns come from the summary."""
+    from bench.learned_bias import LOOKUPS, table
+    from heterofold.suite import builtin_suite
+
+    items = builtin_suite(lengths=(1024,), per_cell=1)
+    per_item = {i.id: [None if i.metric != "answer" else i.kind in LOOKUPS, 0.1] for i in items}
+    assert sum(1 for c, _ in per_item.values() if c) == 20
+    row = {"per_item": per_item, "fidelity_kl": 0.25, "fidelity_top1": 0.9, "ttft_ms": 12.0}
+    assert "| p | 1.00 | 0.00 | 0.250 | 0.90 | 12 |" in table({"paths": {"p": row}}).splitlines()
