@@ -3,7 +3,7 @@ frozen receiver: a logit bias per layer and query head on the mapped positions, 
 key/value slots per layer (``bench.mapped_attention``).
 
     python -m bench.learned_bias SENDER RECEIVER ADAPTER [--learn bias,bias+slots] [--slots 4]
-        [--contexts 16] [--steps 200] [--lr 0.03] [--budget 0.02] [--every 1] [--json OUT]
+        [--contexts 16] [--steps 200] [--lr 0.03] [--budget 0.02] [--every 1] [--kinds K,..] [--json OUT]
     python -m bench.learned_bias --table OUT      # the markdown table of a run's JSON
 
 The uniform bias (``bench.mapped_bias``) showed that the mapped background dilutes the receiver's
@@ -135,11 +135,11 @@ async def fit_rule(
 
 async def evaluate(
     sender: LocalEngine, receiver: LocalEngine, adapter: Adapter, rules: dict[str, MappedAttention], budget: float,
-    every: int,
+    every: int, kinds: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     policy, tail = TransferPolicy(), RoleSettings(engine="-").tail_window
     chooser = make_selector(policy.selector)
-    items = builtin_suite(lengths=(1024,), per_cell=1)[::every]
+    items = builtin_suite(lengths=(1024,), per_cell=1, kinds=kinds)[::every]
     stats: dict[str, PathStats] = {}
     t0 = time.perf_counter()
     for n, item in enumerate(items):
@@ -187,7 +187,8 @@ async def probe(args: argparse.Namespace) -> dict[str, Any]:
         rule = MappedAttention.for_model(r.model, slots=args.slots, learn=learn)
         fits[learn] = await fit_rule(r, adapter, docs, rule, steps=args.steps, lr=args.lr, seed=args.seed)
         rules[f"learned {learn}"] = rule
-    result = await evaluate(s, r, adapter, rules, args.budget, args.every)
+    kinds = tuple(args.kinds.split(",")) if args.kinds else None
+    result = await evaluate(s, r, adapter, rules, args.budget, args.every, kinds)
     return {"sender": args.sender, "receiver": args.receiver, "adapter": str(args.adapter),
             "adapter_version": adapter.manifest.version, "contexts": args.contexts, "collect_s": collect_s,
             "fits": fits, **result}  # fmt: skip
@@ -227,6 +228,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.03)
     ap.add_argument("--budget", type=float, default=0.02)
     ap.add_argument("--every", type=int, default=1, help="every n-th builtin item")
+    ap.add_argument("--kinds", help="comma-separated builtin kinds to evaluate (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--table", type=Path, help="print the markdown table of a results JSON and exit")
