@@ -139,8 +139,9 @@ def eval_cmd(
     paths: Annotated[
         str | None,
         typer.Option(
-            help="Paths to run, comma separated: no_context, sender, quote, recompute_only, NAME, NAME+quote "
-            "(NAME: an adapter's name: heterofold, kv_ridge, or a --map name)."
+            help="Paths to run, comma separated: no_context, sender, quote, recompute_only, NAME, NAME+quote, "
+            "NAME+auto (NAME: an adapter's name: heterofold, kv_ridge, or a --map name; +auto: the gateway's "
+            "per-hop choice between quote and NAME+quote)."
         ),
     ] = None,
     lengths: Annotated[
@@ -158,7 +159,8 @@ def eval_cmd(
     cache_dir: CacheDir = None,
 ) -> None:
     """Every path on the same items: native, no_context, sender, quote, recompute_only, and each adapter
-    map-only and with recompute at each budget (harness/evaluate.py)."""
+    map-only, with recompute, with the spans quoted, and the gateway's auto choice at each budget
+    (harness/evaluate.py)."""
     from engines.local import LocalEngine
     from harness.evaluate import PATH_FAMILIES, evaluate
     from heterofold.adapter import Adapter
@@ -183,7 +185,7 @@ def eval_cmd(
         err.print(f"[red]error:[/red] --budgets {budgets!r}: {exc}")
         raise typer.Exit(2) from exc
     wanted = [p for p in paths.split(",") if p] if paths else None
-    known = {*PATH_FAMILIES, *folders, *(f"{name}+quote" for name in folders)}
+    known = {*PATH_FAMILIES, *folders, *(f"{name}+{how}" for name in folders for how in ("quote", "auto"))}
     if wanted and not set(wanted) <= known:
         err.print(f"[red]error:[/red] unknown --paths {sorted(set(wanted) - known)}; known: {sorted(known)}")
         raise typer.Exit(2)
@@ -207,6 +209,8 @@ def eval_cmd(
                          selector=selector, scout=scout, tail=tail, progress=progress)
             )  # fmt: skip
     console.print(eval_table(result, f"{sender} -> {receiver}, {result['items']} items"))
+    for path, via in result["auto_via"].items():
+        console.print(f"{path}: quote on {via['quote']} items, map_quote on {via['map_quote']}")
     console.print(recall_table(result["selector"], f"selector {result['selector']['name']}: answer recall"))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)

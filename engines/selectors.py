@@ -364,6 +364,25 @@ def choose_with(ranker: Ranker, ev: Evidence, budget: float, t0: float | None = 
     return Selection([ev.candidates[i] for i in picked], (time.perf_counter() - (t1 if t0 is None else t0)) * 1000)
 
 
+def lexical_confidence(ev: Evidence) -> float:
+    """How sure lexical is of one sentence of the shared text for the hop's question: the
+    IDF-weighted share of the question's content words its best sentence holds
+    (``heterofold.select.coverage``; 0.0 with no candidates or no sentence matching). Lexical
+    alone; no model runs."""
+    if not ev.candidates:
+        return 0.0
+    text, offsets = window(ev)
+    return lexical(ev.hop.question)(spans_of(text, offsets)).confidence or 0.0
+
+
+def names_its_sentence(ev: Evidence) -> bool:
+    """The question names the sentence that answers it (lexical confidence at least ``GATE``): a
+    look-up, which the chosen spans quoted as text answer as well as any mapped path, and faster;
+    below ``GATE`` (a paraphrase, "summarize this", "go on") the mapped context carries what the
+    spans miss (BENCHMARKS.md, "One path per hop"). The ``auto`` path's rule (gateway/hop.py)."""
+    return lexical_confidence(ev) >= GATE
+
+
 def window(ev: Evidence) -> tuple[str, list[tuple[int, int]]]:
     """The text the rankers read (the receiver's prompt over the shared sections) and each
     candidate's character span in it."""

@@ -6,7 +6,7 @@
    text with this prompt (``heterofold.align.shared_sections``). The role's selector for the
    sender (``policy.sender_selectors``, else ``policy.selector``; ``engines/selectors.py``)
    chooses ``recompute_budget`` of the shared context's tokens, and the route's path
-   (``policy.path``; by default ``map_quote`` across families and ``transfer`` between roles on
+   (``policy.path``; by default ``auto`` across families and ``transfer`` between roles on
    one model on an engine that recomputes in place,
    ``quote`` on one that cannot, such as SGLang: ``Hop.path_for``) says what is done with them:
    - ``transfer``: with the adapter that serves (sender fingerprint, receiver fingerprint), map
@@ -15,7 +15,11 @@
    - ``map_quote``: the map with no recompute (template tokens aside), and the chosen spans quoted
      as text at the head of the new message, which the receiver prefills with the suffix;
    - ``quote``: no KV at all: the shared text of the earlier messages is cut down to the chosen
-     spans (``heterofold.select.elide``) and the shorter prompt is prefilled natively.
+     spans (``heterofold.select.elide``) and the shorter prompt is prefilled natively;
+   - ``auto``: ``quote`` when the new message names the sentence that answers it (lexical
+     confidence, ``engines.selectors.names_its_sentence``: a look-up), else ``map_quote`` (a
+     paraphrase, a summary, a continuation: the mapped context carries what the spans miss).
+     ``HopPlan.path`` says which ran.
    The quote paths change the prompt the engine runs (``HopPlan.prompt``).
 3. ``native`` otherwise.
 
@@ -32,10 +36,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from engines.base import Engine, Timings
 from engines.errors import EngineBusy, EngineError, KVMismatch
-from engines.selectors import Evidence, HopText, Selector, candidates, make_selector, select
+from engines.selectors import Evidence, HopText, Selector, candidates, make_selector, names_its_sentence, select
 from engines.transfer import TransferResult, transfer
 from gateway.background import Background
 from gateway.conversations import Conversations, Turn
@@ -82,19 +87,19 @@ class Hop:
         """The policy's selector for a hop from ``inputs``' sender (``sender_selectors``, else ``selector``)."""
         return make_selector(self.policy.selector_for(inputs.sender.engine))
 
-    def path_for(self, pair: tuple[str, str]) -> Path:
+    def path_for(self, pair: tuple[str, str]) -> Path | Literal["auto"]:
         """The route's path for a hop from fingerprint ``pair[0]``: the policy's, else the default
-        measured best for the engine kind (BENCHMARKS.md, "Does the mapped cache carry the
-        context?"): ``quote`` on an engine that cannot recompute in place (SGLang); on one that
-        can, ``transfer`` between roles on one model (the identity map is exact) and ``map_quote``
-        across families (the mapped context with the chosen spans quoted answered more look-ups
-        than the same map with them recomputed, at about the same whole-context KL, on every
-        comparison made: five directions, both maps)."""
+        measured best for the engine kind (BENCHMARKS.md, "One path per hop" and "Does the mapped
+        cache carry the context?"): ``quote`` on an engine that cannot recompute in place
+        (SGLang); on one that can, ``transfer`` between roles on one model (the identity map is
+        exact) and ``auto`` across families (quote's look-ups and TTFT, map + quote's
+        whole-context fidelity: ``map_quote`` answered more look-ups than the same map with the
+        spans recomputed, and quote alone more than either)."""
         if self.policy.path is not None:
             return self.policy.path
         if not self.engine.recomputes_in_place:
             return "quote"
-        return "transfer" if pair[0] == pair[1] else "map_quote"
+        return "transfer" if pair[0] == pair[1] else "auto"
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,8 @@ class HopPlanner:
 
     async def _transfer(self, hop: Hop, inputs: TransferInputs) -> HopPlan | None:
         path = hop.path_for(inputs.pair)
+        if path == "auto":
+            path = "quote" if names_its_sentence(self.evidence(hop, inputs)) else "map_quote"
         if path == "quote":
             return await self._quote(hop, inputs)
         chosen = await self._adapter(hop, inputs.pair)
@@ -333,7 +340,23 @@ class HopPlanner:
 def hop_text(hop: Hop, inputs: TransferInputs) -> HopText:
     n = inputs.sender_kv.num_tokens
     return HopText(inputs.sender_kv, inputs.sender.text, inputs.sender.offsets[:n], hop.text, hop.ids, hop.offsets,
-                   inputs.sections, hop.question)  # fmt: skip
+                   inputs.sections, asked(hop, inputs.sections))  # fmt: skip
+
+
+def asked(hop: Hop, sections: Sequence[Section]) -> str:
+    """What the new message asks, as the selectors read it: its text before the first shared
+    section inside it and after the last one (a document pasted with the question is context, not
+    question, the lines between its shared pieces included; ``heterofold eval`` asks the item's
+    question alone the same way), else the whole message when nothing else is left."""
+    content = hop.question
+    start = hop.text.rfind(content) if content else -1
+    end = start + len(content)
+    inside = [(s.receiver_start, s.receiver_start + s.length) for s in sections
+              if start >= 0 and start <= s.receiver_start and s.receiver_start + s.length <= end]  # fmt: skip
+    if not inside:
+        return content
+    own = f"{hop.text[start : inside[0][0]].strip()} {hop.text[max(b for _, b in inside) : end].strip()}".strip()
+    return own or content
 
 
 async def run_transfer(
@@ -366,11 +389,12 @@ def quoted_last(hop: Hop, sections: Sequence[Section], positions: Sequence[int])
 
 
 def quoted_messages(hop: Hop, sections: Sequence[Section], positions: Sequence[int]) -> list[dict[str, str]]:
-    """The hop's messages with the shared text of the earlier ones cut down to the chosen spans
-    (``heterofold.select.elide``); system messages and the new message stay whole."""
+    """The hop's messages with their shared text cut down to the chosen spans
+    (``heterofold.select.elide``), the new message's too (a document pasted with the question, as
+    ``heterofold eval``'s quote drops the item's context); system messages stay whole."""
     spans = [hop.offsets[j] for j in positions]
     out, at = [], 0
-    for i, message in enumerate(hop.messages):
+    for message in hop.messages:
         content = message["content"]
         start = hop.text.find(content, at) if content else -1
         if start < 0:
@@ -379,7 +403,7 @@ def quoted_messages(hop: Hop, sections: Sequence[Section], positions: Sequence[i
         at = end = start + len(content)
         shared = [(s.receiver_start, s.receiver_start + s.length) for s in sections
                   if start <= s.receiver_start and s.receiver_start + s.length <= end]  # fmt: skip
-        if not shared or message["role"] == "system" or i == len(hop.messages) - 1:
+        if not shared or message["role"] == "system":
             out.append(dict(message))
             continue
         keep = _outside(start, end, shared) + [(a, b) for a, b in spans if start <= a and b <= end]

@@ -71,13 +71,14 @@ class TransferPolicy(_Section):
     """How a role's requests reuse KV made elsewhere. ``recompute_budget`` is the share of the
     shared context's tokens that ``selector`` (``engines/selectors.py``) chooses for the new
     message: recomputed natively (path ``transfer``) or quoted as text (``map_quote``, ``quote``).
-    ``path`` names the cross-model path (gateway/hop.py); unset, on an engine that recomputes in
-    place it is ``map_quote`` across families and ``transfer`` between roles on one model, and
-    ``quote`` on one that cannot (SGLang). ``sender_selectors`` names another selector for hops
-    from a given engine (by its key under ``engines``): how well a selector that reads the sender
-    chooses depends on the sender. ``min_uncached_tokens`` is
-    how long the prefix left after same-model reuse must be before a cross-model hop is worth its
-    fixed cost."""
+    ``path`` names the cross-model path (gateway/hop.py); ``auto`` picks per hop, ``quote`` when
+    the new message names the sentence that answers it (``engines.selectors.names_its_sentence``),
+    else ``map_quote``. Unset, on an engine that recomputes in place it is ``auto`` across families
+    and ``transfer`` between roles on one model, and ``quote`` on one that cannot (SGLang).
+    ``sender_selectors`` names another selector for hops from a given engine (by its key under
+    ``engines``): how well a selector that reads the sender chooses depends on the sender.
+    ``min_uncached_tokens`` is how long the prefix left after same-model reuse must be before a
+    cross-model hop is worth its fixed cost."""
 
     prefix_reuse: bool = True  # same-model cached prefixes from the store
     store_turns: bool = True  # export each turn's KV into the store for the next hop
@@ -86,7 +87,7 @@ class TransferPolicy(_Section):
     recompute_budget: float = Field(default=0.02, ge=0.0, le=1.0)  # BENCHMARKS.md, "The served budget"
     selector: str = "lexical-hop|meaning"  # BENCHMARKS.md, "Which tokens to read"
     sender_selectors: dict[str, str] = Field(default_factory=dict)  # sender engine -> selector for its hops
-    path: Literal["transfer", "map_quote", "quote"] | None = None
+    path: Literal["transfer", "map_quote", "quote", "auto"] | None = None
     min_uncached_tokens: int = Field(default=64, ge=1)
 
     @field_validator("selector")

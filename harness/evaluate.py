@@ -20,7 +20,11 @@ Paths (``PATH_FAMILIES``; ``paths=`` runs a subset, native always runs):
   chosen spans quoted as in ``quote@b`` between the context and the question (placed by
   ``heterofold.select.quote_into``, as the gateway's ``map_quote`` hop), prefilled natively
   with the suffix: the whole context as KV and the selected sentences as text (a path any engine
-  that imports a prefix can run, SGLang included).
+  that imports a prefix can run, SGLang included);
+- ``{method}+auto@b``: the gateway's ``auto`` path, decided per item as the gateway decides it
+  (``engines.selectors.names_its_sentence``: lexical's confidence in one sentence): ``quote@b``
+  when the question names its sentence, else ``{method}+quote@b``; run afresh (its own TTFT, the
+  decision's time included), with the branch taken in the item's ``via``.
 Every transfer path also recomputes the receiver tokens without a sender token (BOS, template).
 
 Items are of two metrics (``TaskItem.metric``). ``answer`` items are scored by accuracy, plus
@@ -54,7 +58,17 @@ import torch
 
 from engines.base import SamplingParams
 from engines.local import LocalEngine
-from engines.selectors import Evidence, HopText, Selection, Selector, candidates, make_selector, select, warm
+from engines.selectors import (
+    Evidence,
+    HopText,
+    Selection,
+    Selector,
+    candidates,
+    make_selector,
+    names_its_sentence,
+    select,
+    warm,
+)
 from engines.transfer import TransferResult, transfer
 from heterofold.adapter import Adapter
 from heterofold.align import shared_sections
@@ -64,7 +78,7 @@ from heterofold.select import answer_recall, elide, quote_into
 from heterofold.tasks import TaskItem, is_correct
 
 BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2)
-PATH_FAMILIES = ("no_context", "sender", "quote", "recompute_only")  # plus two per adapter: NAME, NAME+quote
+PATH_FAMILIES = ("no_context", "sender", "quote", "recompute_only")  # plus per adapter: NAME, NAME+quote, NAME+auto
 
 
 @dataclass
@@ -78,6 +92,7 @@ class Score:
     top1: float | None = None
     kl: float | None = None  # mean per-token KL over native's answer
     answer_tokens: int = 0  # length of native's answer, the teacher-forced span
+    via: str | None = None  # the auto path: the path it took ("quote" or "map_quote")
 
 
 @dataclass
@@ -156,7 +171,7 @@ async def evaluate(
     ``served``'s map; ``scout`` is the scout selector's reader. ``tail``: the last ``tail`` prefix
     tokens are recomputed natively on every transfer path and kept by recompute_only (the
     gateway's ``tail_window``)."""
-    known = [*PATH_FAMILIES, *adapters, *(f"{name}+quote" for name in adapters)]
+    known = [*PATH_FAMILIES, *adapters, *(f"{name}+{how}" for name in adapters for how in ("quote", "auto"))]
     wanted = set(paths) if paths is not None else set(known)
     unknown = wanted - set(known) - {"native"}
     if unknown:
@@ -192,6 +207,9 @@ async def evaluate(
             if f"{name}+quote" in wanted:
                 for b in (b for b in sweep if b > 0):
                     await ev.mapped_quote(stats, name, adapter, b)
+            if f"{name}+auto" in wanted:
+                for b in (b for b in sweep if b > 0):
+                    await ev.auto(stats, name, adapter, b)
         if progress:
             progress("eval", n + 1, len(items))
     report = _report(sender, receiver, items, stats, adapters, served, budget, lengths)
@@ -288,11 +306,28 @@ class ItemRun:
         return elide(self.r_text, [self.r_enc.offsets[j] for j in sel.positions]), sel.ms
 
     async def quote(self, stats: dict[str, PathStats], b: float) -> None:
-        quoted, select_ms = await self.quoted(b)
-        ids = list(
-            self.receiver.encode(receiver_prompt(self.receiver, f"{quoted}\n\nQuestion: {self.item.question}")).ids
-        )
+        ids, select_ms = await self.quote_ids(b)
         await self.run_path(stats, f"quote@{b:g}", ids, None, select_ms)
+
+    async def quote_ids(self, b: float) -> tuple[list[int], float]:
+        """The ``quote`` prompt's receiver ids at budget ``b``, and the selector's time."""
+        quoted, select_ms = await self.quoted(b)
+        text = receiver_prompt(self.receiver, f"{quoted}\n\nQuestion: {self.item.question}")
+        return list(self.receiver.encode(text).ids), select_ms
+
+    async def auto(self, stats: dict[str, PathStats], name: str, adapter: Adapter, b: float) -> None:
+        """The gateway's ``auto`` path (module docstring): quote, or the map with the spans quoted."""
+        t0 = time.perf_counter()
+        sure = names_its_sentence(self.evidence)
+        decide_ms = (time.perf_counter() - t0) * 1000
+        path = f"{name}+auto@{b:g}"
+        if sure:
+            ids, select_ms = await self.quote_ids(b)
+            await self.run_path(stats, path, ids, None, decide_ms + select_ms)
+        else:
+            ids, _, tr, select_ms = await self.quoted_transfer(adapter, b)
+            await self.run_path(stats, path, ids, tr.kv, decide_ms + select_ms + tr.total_ms)
+        stats[path].scores[self.item.id].via = "quote" if sure else "map_quote"
 
     async def recompute_only(self, stats: dict[str, PathStats], b: float) -> None:
         sel = await self.chosen(b)
@@ -402,6 +437,11 @@ def _report(
         },
         "by_kind": by_kind,
         "map_adds": _map_adds(stats, adapters),
+        "auto_via": {  # per auto path: how many items took each branch
+            p: {via: sum(x.via == via for x in s.scores.values()) for via in ("quote", "map_quote")}
+            for p, s in stats.items()
+            if "+auto@" in p
+        },
         "native_answer_tokens": {m: {"median": statistics.median(v), "min": min(v)} for m, v in lengths.items()},
         "per_item": {p: {i: vars(x) for i, x in s.scores.items()} for p, s in stats.items()},
         "adapters": {name: a.manifest.metrics | {"version": a.manifest.version} for name, a in adapters.items()},

@@ -17,14 +17,16 @@ from engines.selectors import (
     HopText,
     SelectorUnavailable,
     candidates,
+    lexical_confidence,
     make_selector,
+    names_its_sentence,
     select,
 )
-from gateway.hop import quoted_last, quoted_messages
+from gateway.hop import asked, quoted_last, quoted_messages
 from harness.evaluate import eval_hop
-from heterofold.align import shared_sections
+from heterofold.align import Section, shared_sections
 from heterofold.corpus import stdlib_text
-from heterofold.select import QUOTE_SEPARATOR, answer_recall
+from heterofold.select import GATE, QUOTE_SEPARATOR, answer_recall
 from heterofold.suite import builtin_suite
 
 pytestmark = pytest.mark.models
@@ -182,6 +184,19 @@ def test_quote_paths_rewrite_only_the_shared_text() -> None:
     assert head == doc
     quote, question = last["content"].removeprefix(doc).split("\n\n")[1:]
     assert last["content"].startswith(doc) and "48213" in quote and question == "What is the pass key?"
+    # the quote path cuts the pasted document down to the chosen spans, and keeps the question
+    pasted_sections = [Section(0, hop.text.index(doc), len(doc))]
+    cut = quoted_messages(hop, pasted_sections, chosen)
+    assert cut[0] == pasted[0] and cut[1]["content"].endswith("What is the pass key?")
+    assert "48213" in cut[1]["content"] and "First" not in cut[1]["content"]
+    # what the selectors read as the question: the new message outside the shared document
+    hop.question = pasted[1]["content"]
+    at = hop.text.index(doc)
+    assert asked(hop, [Section(0, at, len(doc))]) == "What is the pass key?"
+    pieces = [Section(0, at, 10), Section(20, at + 20, len(doc) - 20)]  # a line between them unshared
+    assert asked(hop, pieces) == "What is the pass key?"
+    assert asked(hop, [Section(0, at, len(hop.question))]) == hop.question  # all of it shared: all of it
+    assert asked(hop, []) == hop.question
 
 
 def test_bench_selectors_reports_recall_time_and_quote_accuracy_per_selector(load_engine: Any) -> None:
@@ -261,3 +276,23 @@ def test_candidates_hold_tokens_with_no_sender_token(load_engine: Any) -> None:
         spans = [(hop.receiver_offsets[j][0] - at, hop.receiver_offsets[j][1] - at) for j in sel.positions]
         whole += answer_recall(item.context, item.answer, spans)[1]
     assert whole == len(items)
+
+
+def test_auto_quotes_a_look_up_and_maps_the_rest(load_engine: Any) -> None:
+    """``names_its_sentence`` (the ``auto`` path's rule) on one context: a look-up that repeats its
+    needle's words is named (coverage 1.0), a paraphrase, a summary and a continuation are not, and
+    the rule reads lexical's confidence in the hop's window only."""
+    sender, receiver = load_engine(SMOL), load_engine(GEMMA)
+    item = next(i for i in builtin_suite(lengths=(1024,), kinds=("multikey",)) if "-d50-" in i.id)
+    hop: HopText = run(eval_hop(sender, receiver, item))
+    ev = Evidence(hop, candidates(hop, hop.transferable_prefix()))
+    assert lexical_confidence(ev) == pytest.approx(1.0) and names_its_sentence(ev)
+    for question in ("Summarize the document in three sentences.", "Continue the text from where it stops."):
+        other = replace(ev, hop=replace(hop, question=question))
+        assert lexical_confidence(other) < GATE and not names_its_sentence(other)
+    named = []
+    for para in builtin_suite(lengths=(1024,), kinds=("paraphrase",)):
+        p_hop: HopText = run(eval_hop(sender, receiver, para))
+        named.append(names_its_sentence(Evidence(p_hop, candidates(p_hop, p_hop.transferable_prefix()))))
+    assert named == [False] * 5  # no paraphrase shares its rare words with the sentence that answers it
+    assert lexical_confidence(replace(ev, candidates=[])) == 0.0

@@ -63,8 +63,9 @@ def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
     start_gateway: Callable[..., Gateway], fitted_adapter: Path
 ) -> None:
     """Three gemma3 roles on the same hop: ``critic`` on ``transfer`` (map + recompute of the chosen
-    tokens), ``summarizer`` on the default path across families, ``map_quote`` (the map, and the
-    chosen spans as text), and ``briefer`` like it with another selector for hops from smollm2."""
+    tokens), ``summarizer`` on the default path across families, ``auto``, which takes ``map_quote``
+    (the map, and the chosen spans as text) for "Summarize." and ``quote`` (no KV) for a look-up
+    that names its sentence, and ``briefer`` like it with another selector for hops from smollm2."""
     roles = make_settings(Path("unused")).roles
     summarizer = roles["summarizer"]
     assert summarizer.policy.path == "transfer"  # the suite's explicit choice
@@ -104,7 +105,12 @@ def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
     assert native_tokens + 0.5 * chosen < prompt_tokens < native_tokens + 3 * chosen
     briefed, _, _ = hop("briefer", "conv-by-sender")
     assert briefed["path"] == "map_quote" and briefed["selector"] == "lexical"
+    question = [{"role": "user", "content": f"{CONTEXT}\n\nWhich externally maintained library is it derived from?"}]
+    looked_up, quoted_tokens, cached = hop("summarizer", "conv-look-up")  # lexical is sure: quote, no KV
+    assert looked_up["path"] == "quote" and looked_up["adapter_version"] is None and cached == 0
+    assert looked_up["tokens_transferred"] == 0 and quoted_tokens < native_tokens / 2
     gateway.settle()  # the hops' shadow runs: each re-runs natively the prompt its engine ran
     with gateway.http(None) as http:
         metrics = http.get("/metrics").text
     assert 'heterofold_shadow_samples_total{version="test-v1"} 3.0' in metrics
+    assert 'heterofold_requests_total{path="quote",role="summarizer"} 1.0' in metrics
