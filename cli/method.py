@@ -162,7 +162,7 @@ def eval_cmd(
     map-only, with recompute, with the spans quoted, and the gateway's auto choice at each budget
     (harness/evaluate.py)."""
     from engines.local import LocalEngine
-    from harness.evaluate import PATH_FAMILIES, evaluate
+    from harness.evaluate import PATH_FAMILIES, evaluate, known_paths
     from heterofold.adapter import Adapter
     from heterofold.suite import builtin_suite
     from heterofold.tasks import load_jsonl
@@ -185,7 +185,7 @@ def eval_cmd(
         err.print(f"[red]error:[/red] --budgets {budgets!r}: {exc}")
         raise typer.Exit(2) from exc
     wanted = [p for p in paths.split(",") if p] if paths else None
-    known = {*PATH_FAMILIES, *folders, *(f"{name}+{how}" for name in folders for how in ("quote", "auto"))}
+    known = set(known_paths(folders))
     if wanted and not set(wanted) <= known:
         err.print(f"[red]error:[/red] unknown --paths {sorted(set(wanted) - known)}; known: {sorted(known)}")
         raise typer.Exit(2)

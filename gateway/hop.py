@@ -282,10 +282,13 @@ class HopPlanner:
 
     async def _transfer(self, hop: Hop, inputs: TransferInputs) -> HopPlan | None:
         path = hop.path_for(inputs.pair)
+        ev = self.evidence(hop, inputs) if path != "transfer" else None  # built once for the quote paths
         if path == "auto":
-            path = "quote" if names_its_sentence(self.evidence(hop, inputs)) else "map_quote"
+            assert ev is not None
+            path = "quote" if names_its_sentence(ev) else "map_quote"
         if path == "quote":
-            return await self._quote(hop, inputs)
+            assert ev is not None
+            return await self._quote(hop, inputs, ev)
         chosen = await self._adapter(hop, inputs.pair)
         if chosen is None:
             return None
@@ -293,7 +296,8 @@ class HopPlanner:
         prompt = None
         selector = hop.selector(inputs)
         if path == "map_quote":
-            selection = await select(selector, self.evidence(hop, inputs), hop.policy.recompute_budget)
+            assert ev is not None
+            selection = await select(selector, ev, hop.policy.recompute_budget)
             last, head = quoted_last(hop, inputs.sections, selection.positions)
             prompt = hop_prompt(hop, [*hop.messages[:-1], last])
             q_hop = replace(hop, text=prompt.text, ids=prompt.ids, offsets=prompt.offsets)
@@ -326,10 +330,10 @@ class HopPlanner:
         return Evidence(text, candidates(text, prefix), self.engines(inputs.pair[0]),
                         hop.engine, None, self.scout)  # fmt: skip
 
-    async def _quote(self, hop: Hop, inputs: TransferInputs) -> HopPlan:
-        """No KV: the earlier messages' shared text cut down to the selector's spans."""
+    async def _quote(self, hop: Hop, inputs: TransferInputs, ev: Evidence) -> HopPlan:
+        """No KV: the messages' shared text cut down to the selector's spans (``ev``: this hop's evidence)."""
         selector = hop.selector(inputs)
-        selection = await select(selector, self.evidence(hop, inputs), hop.policy.recompute_budget)
+        selection = await select(selector, ev, hop.policy.recompute_budget)
         prompt = hop_prompt(hop, quoted_messages(hop, inputs.sections, selection.positions))
         return HopPlan(
             "quote", route=f"{self.names(inputs.pair[0]) or '?'} -> {hop.engine_name}", transfer_ms=selection.ms,

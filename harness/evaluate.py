@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -79,6 +79,11 @@ from heterofold.tasks import TaskItem, is_correct
 
 BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2)
 PATH_FAMILIES = ("no_context", "sender", "quote", "recompute_only")  # plus per adapter: NAME, NAME+quote, NAME+auto
+
+
+def known_paths(adapters: Iterable[str]) -> list[str]:
+    """The path families ``evaluate`` can run with adapters of these names (native aside)."""
+    return [*PATH_FAMILIES, *adapters, *(f"{name}+{how}" for name in adapters for how in ("quote", "auto"))]
 
 
 @dataclass
@@ -171,7 +176,7 @@ async def evaluate(
     ``served``'s map; ``scout`` is the scout selector's reader. ``tail``: the last ``tail`` prefix
     tokens are recomputed natively on every transfer path and kept by recompute_only (the
     gateway's ``tail_window``)."""
-    known = [*PATH_FAMILIES, *adapters, *(f"{name}+{how}" for name in adapters for how in ("quote", "auto"))]
+    known = known_paths(list(adapters))
     wanted = set(paths) if paths is not None else set(known)
     unknown = wanted - set(known) - {"native"}
     if unknown:
