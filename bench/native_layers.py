@@ -17,6 +17,13 @@ and behave like native?" Rows:
   mix them with sliding-window layers (gemma3: 3 of 18), and ``kv:L<i>``: each of them alone;
 - ``kv:global errE`` (``--errors``): K and V there are native plus the share E of the map's error
   (E = 0.5 halves it): how close the map must come for the receiver to answer;
+- ``k:norm`` / ``v:norm`` / ``kv:norm`` (``--norms``): every mapped row keeps the map's direction
+  and takes the native row's length (per token, head and layer); ``k:dir``: the native direction
+  at the map's length; ``k:unit`` / ``kv:unit``: the map's direction at the mean native length of
+  its layer and head (one number per head: what a map could carry without an oracle, if that mean
+  were read off the fit data); ``k:scale``: the map's rows times the head's mean native length over
+  its mean mapped length (a per-head temperature). Does the map lose the context in the lengths of
+  its rows (ridge shrinks predictions toward the mean) or in their directions?
 - ``head:N`` (``--heads``): native K and V in every layer for the first N mapped context tokens
   (and every unaligned token before them). Their causal attention sees only recomputed tokens, so
   this is exactly what recomputing the first N context tokens natively would give: does the block
@@ -97,6 +104,50 @@ def splice_head(mapped: KVCache, native: KVCache, upto: int) -> KVCache:
     )
 
 
+NORM_ROWS = ("k:norm", "v:norm", "kv:norm", "k:dir", "k:unit", "kv:unit", "k:scale")
+
+
+def renorm(mapped: KVCache, native: KVCache, row: str) -> KVCache:
+    """``mapped`` with its keys and/or values re-lengthened as the ``--norms`` row ``row`` says
+    (module docstring); rows the map did not produce (recomputed, tail) are native already."""
+    _check_same_tokens(mapped, native)
+    part, mode = row.split(":")
+
+    def fix(m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        n = n.to(m.dtype)
+        lm, ln = m.norm(dim=-1, keepdim=True), n.norm(dim=-1, keepdim=True)  # (H, T, 1)
+        if mode == "norm":
+            return m / lm.clamp_min(1e-6) * ln
+        if mode == "dir":
+            return n / ln.clamp_min(1e-6) * lm
+        if mode == "unit":
+            return m / lm.clamp_min(1e-6) * ln.mean(dim=1, keepdim=True)
+        return m * ln.mean(dim=1, keepdim=True) / lm.mean(dim=1, keepdim=True).clamp_min(1e-6)  # scale
+
+    k = tuple(fix(m, n) if part in ("k", "kv") else m for m, n in zip(mapped.keys, native.keys, strict=True))
+    v = tuple(fix(m, n) if part in ("v", "kv") else m for m, n in zip(mapped.values, native.values, strict=True))
+    return replace(mapped, keys=k, values=v)
+
+
+def norm_stats(mapped: KVCache, native: KVCache) -> dict[str, list[float]]:
+    """Per layer, over the rows the map produced: mean length ratio mapped / native and mean cosine,
+    for keys and values."""
+    out: dict[str, list[float]] = {"k_ratio": [], "k_cos": [], "v_ratio": [], "v_cos": []}
+    for part, ms, ns in (("k", mapped.keys, native.keys), ("v", mapped.values, native.values)):
+        for m, n in zip(ms, ns, strict=True):
+            m, n = m.float(), n.float()
+            rows = (m - n).abs().amax(dim=-1) > 1e-6  # (H, T): the map's rows
+            if not bool(rows.any()):
+                out[f"{part}_ratio"].append(1.0)
+                out[f"{part}_cos"].append(1.0)
+                continue
+            ratio = m.norm(dim=-1) / n.norm(dim=-1).clamp_min(1e-6)
+            cos = torch.nn.functional.cosine_similarity(m, n, dim=-1)
+            out[f"{part}_ratio"].append(round(float(ratio[rows].mean()), 3))
+            out[f"{part}_cos"].append(round(float(cos[rows].mean()), 3))
+    return out
+
+
 def head_end(src: torch.Tensor, n: int) -> int:
     """The position after the first ``n`` mapped tokens (``src`` >= 0: a sender token maps there)."""
     mapped = (src >= 0).nonzero().squeeze(1)
@@ -132,12 +183,14 @@ async def probe(
     only: set[str] | None = None,
     error_layers: str | None = None,
     heads: Sequence[int] = (),
+    norms: bool = False,
 ) -> dict[str, Any]:
     tail = RoleSettings(engine="-").tail_window
     chooser = make_selector(TransferPolicy().selector)
     items = builtin_suite(lengths=(1024,), per_cell=1, kinds=kinds)[::every]
     stats: dict[str, PathStats] = {}
     sets: dict[str, set[int]] = {}
+    lengths: list[dict[str, list[float]]] = []
     for n, item in enumerate(items):
         run = ItemRun(sender, receiver, item, 24 if item.metric == "answer" else 64, tail)
         await run.native(stats)
@@ -150,15 +203,26 @@ async def probe(
             if only is not None and name not in only:
                 continue
             await run.run_path(stats, name, run.r_ids, splice(tr.kv, native, layers, k, v, e), tr.total_ms)
+        if norms:
+            lengths.append(norm_stats(tr.kv, native))
+            for row in NORM_ROWS:
+                if only is None or row in only:
+                    await run.run_path(stats, row, run.r_ids, renorm(tr.kv, native, row), tr.total_ms)
         src = run.hop.source(tr.prefix)
         for h in heads:
             upto = head_end(src, h)
             await run.run_path(stats, f"head:{h}", run.r_ids, splice_head(tr.kv, native, upto), tr.total_ms)
         print(f"items {n + 1}/{len(items)} ({item.kind})", flush=True)
-    return {
+    result: dict[str, Any] = {
         "items": len(items), "tail": tail, "layers": {name: sorted(s) for name, s in sets.items()},
         "paths": {path: summary_by_kind(st) for path, st in stats.items()},
     }  # fmt: skip
+    if lengths:  # per layer, averaged over items
+        result["lengths"] = {
+            key: [round(sum(d[key][i] for d in lengths) / len(lengths), 3) for i in range(len(lengths[0][key]))]
+            for key in lengths[0]
+        }
+    return result
 
 
 def main() -> None:
@@ -181,6 +245,7 @@ def main() -> None:
         help="where --errors applies (default: full-attention layers if the receiver also has sliding ones, else all)",
     )
     ap.add_argument("--heads", default="", help="rows with the first N mapped context tokens native, e.g. 4,16,64")
+    ap.add_argument("--norms", action="store_true", help="rows that re-lengthen the mapped rows (k:norm, ...)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     s, r = LocalEngine.from_zoo(args.sender), LocalEngine.from_zoo(args.receiver)
@@ -189,8 +254,10 @@ def main() -> None:
     errors = [float(e) for e in args.errors.split(",") if e]
     only = set(args.rows.split(",")) if args.rows else None
     heads = [int(h) for h in args.heads.split(",") if h]
-    result = asyncio.run(probe(s, r, adapter, args.every, kinds, errors, only, args.error_layers, heads))
+    result = asyncio.run(probe(s, r, adapter, args.every, kinds, errors, only, args.error_layers, heads, args.norms))
     print(f"{args.sender} -> {args.receiver}, {result['items']} items, map {args.adapter}")
+    for key, vals in result.get("lengths", {}).items():
+        print(f"{key:8s} by layer: " + " ".join(f"{v:.2f}" for v in vals))
     report(result, args.json, width=18)
 
 

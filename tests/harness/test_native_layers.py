@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from bench.native_layers import head_end, layer_sets, splice, splice_head, variants
+from bench.native_layers import head_end, layer_sets, norm_stats, renorm, splice, splice_head, variants
 from heterofold.kv import KVCache
 from tests.heterofold.caches import make_kv
 
@@ -81,3 +81,30 @@ def test_head_end_counts_mapped_tokens_past_the_unaligned_ones() -> None:
     src = torch.tensor([-1, -1, 0, 1, -1, 2, 3])  # BOS and a template marker, then text with one unaligned token
     assert head_end(src, 1) == 3 and head_end(src, 3) == 6 and head_end(src, 4) == 7
     assert head_end(src, 9) == 7  # fewer mapped tokens than asked: all of them
+
+
+def test_renorm_takes_lengths_or_directions_from_the_native_rows() -> None:
+    native = make_kv(T=10, windows=WINDOWS)
+    mapped = replace(native, keys=tuple(k * 2.0 + 0.1 for k in native.keys))  # longer rows, off in direction too
+    lengths = renorm(mapped, native, "k:norm")
+    for got, m, n in zip(lengths.keys, mapped.keys, native.keys, strict=True):
+        assert torch.allclose(got.norm(dim=-1), n.norm(dim=-1), atol=1e-5)  # native lengths
+        cos = torch.nn.functional.cosine_similarity(got, m, dim=-1)
+        assert torch.allclose(cos, torch.ones_like(cos), atol=1e-5)  # the map's directions
+    assert all(torch.equal(a, b) for a, b in zip(lengths.values, mapped.values, strict=True))
+    direction = renorm(mapped, native, "k:dir")
+    assert torch.allclose(direction.keys[0].norm(dim=-1), mapped.keys[0].norm(dim=-1), atol=1e-5)
+    unit = renorm(mapped, native, "kv:unit")  # every row of a head at the head's mean native length
+    length = unit.keys[2].norm(dim=-1)  # (H, T)
+    assert torch.allclose(length, native.keys[2].norm(dim=-1).mean(dim=1, keepdim=True).expand_as(length), atol=1e-5)
+    assert torch.allclose(renorm(native, native, "k:scale").keys[0], native.keys[0])
+
+
+def test_norm_stats_read_only_the_rows_the_map_changed() -> None:
+    native = make_kv(T=10, windows=WINDOWS)
+    keys = list(native.keys)
+    keys[2] = keys[2].clone()
+    keys[2][:, :3] *= 0.5  # three mapped rows at half length, the rest native (recomputed)
+    stats = norm_stats(replace(native, keys=tuple(keys)), native)
+    assert stats["k_ratio"][2] == pytest.approx(0.5, abs=1e-3) and stats["k_cos"][2] == pytest.approx(1.0, abs=1e-3)
+    assert stats["k_ratio"][0] == 1.0 and stats["v_cos"] == [1.0] * len(WINDOWS)
