@@ -116,6 +116,7 @@ class Ranking:
     order: list[int]  # span indices; spans that score nothing are left out
     anchors: dict[int, set[int]]
     confidence: float | None = None  # how sure the ranker is of its first sentence (lexical: coverage); None: unknown
+    scores: list[float] | None = None  # per span, what it scored (``meaning``); None: not kept
 
 
 Ranker = Callable[[Spans], Ranking]
@@ -218,7 +219,7 @@ def meaning(question: str, vectors: WordVectors) -> Ranker:
         for (j, _, _), ts in zip(found, _tokens_per_span([(s, e) for _, s, e in found], view.offsets, view.live),
                                  strict=True):  # fmt: skip
             anchors[j].update(ts)  # one pass over the tokens for every sentence's matched words
-        return Ranking(order, anchors)
+        return Ranking(order, anchors, scores=scores)
 
     return rank
 
