@@ -4,8 +4,8 @@
 
 The served ``auto`` path quotes a hop when lexical confidence (``engines.selectors.lexical_confidence``)
 reaches ``GATE`` and maps it otherwise; a paraphrase (no shared content word) falls on the mapped
-side with "Summarize the document" and "Continue the text", though quote answers paraphrases
-better on two of three directions (BENCHMARKS.md, "One path per hop"). This prints, per builtin
+side with "Summarize the document" and "Continue the text", though quote answers one more
+paraphrase on three of six directions at 1K (BENCHMARKS.md, "One path per hop"). This prints, per builtin
 item, the signals a rule could read with no model run:
 
 - ``lexical``: lexical's confidence (the served rule's signal);
@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from engines.lexicon import lexicon
-from heterofold.select import lexical, meaning, spans_of
+from heterofold.select import WordVectors, lexical, meaning, spans_of
 from heterofold.suite import builtin_suite
 
 SIGNALS = ("lexical", "meaning z", "meaning top/2nd")
 QUOTE_SIDE, MAP_SIDE = ("paraphrase",), ("summary", "continue")
 
 
-def signals(question: str, context: str, vectors: Any) -> dict[str, float]:
+def signals(question: str, context: str, vectors: WordVectors) -> dict[str, float]:
     """The three signals of one question over one context (module docstring)."""
     view = spans_of(context, [(m.start(), m.end()) for m in re.finditer(r"\S+", context)])
     ranking = meaning(question, vectors)(view)
