@@ -2,12 +2,14 @@
 and an SVG plot (accuracy against recompute budget, per direction). No plotting dependency.
 
     python -m bench.report artifacts/results [--svg docs/frontier.svg]
+    python -m bench.report --per-kind artifacts/results/full4k_*_4096.json   # answers and TTFT by kind
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -147,11 +149,46 @@ def frontier_svg(evals: list[dict[str, Any]], width: int = 640, height: int = 36
     return "\n".join(out)
 
 
+LOOKUP_KINDS, WHOLE_KINDS = ("passkey", "update"), ("summary", "continue")
+
+
+def per_kind_rows(e: dict[str, Any], answer_kinds: tuple[str, ...] = ("passkey", "update", "paraphrase")) -> list[str]:
+    """One markdown row per path of one ``heterofold eval`` JSON, from its per-item results: answers
+    per answer kind and in all, mean whole-context KL and top-1 over the summary and continue items,
+    and median TTFT over all items, the passkey and update look-ups, and the whole-context items."""
+    rows = []
+    for path, items in e["per_item"].items():
+        done = list(items.values())
+        whole = [v for v in done if v["kind"] in WHOLE_KINDS]
+        counts = [sum(1 for v in done if v["kind"] == k and v["correct"]) for k in answer_kinds]
+
+        def med(vs: list[dict[str, Any]]) -> str:
+            return f"{statistics.median(v['ttft_ms'] for v in vs):.0f}" if vs else "-"
+
+        kl = f"{statistics.mean(v['kl'] for v in whole):.3f}" if whole else "-"
+        top1 = f"{statistics.mean(v['top1'] for v in whole):.3f}" if whole else "-"
+        looks = [v for v in done if v["kind"] in LOOKUP_KINDS]
+        cells = [path, *map(str, counts), str(sum(counts)), kl, top1, med(done), med(looks), med(whole)]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("folder", type=Path)
+    ap.add_argument("folder", type=Path, nargs="?")
     ap.add_argument("--svg", type=Path, default=None)
+    ap.add_argument("--per-kind", type=Path, nargs="+", default=None, metavar="EVAL_JSON")
     args = ap.parse_args()
+    if args.per_kind:
+        for f in args.per_kind:
+            e = json.loads(f.read_text())
+            print(f"{e['sender']} -> {e['receiver']}")
+            cols = ("path", "passkey", "update", "paraphrase", "answers", "whole-context KL", "top-1")
+            print("| " + " | ".join((*cols, "TTFT ms all", "look-ups", "whole-context")) + " |")
+            print("\n".join(per_kind_rows(e)))
+        return
+    if args.folder is None:
+        ap.error("give a results folder, or --per-kind with eval JSON files")
     evals, benches = _evals(args.folder), _load(args.folder, "bench")
     print(
         "## Quality\n\n" + quality_table(evals) + "\n\n## Accuracy against recompute budget\n\n" + frontier_table(evals)
