@@ -77,10 +77,14 @@ async def _run(settings: Settings, admin_key: str) -> None:
         )
         await serving
         return
+    first = sum(not job.shadow for job in jobs)
     console.print(
-        f"Fitting {len(jobs)} adapter directions in the background (a few minutes each on a CPU). The gateway "
+        f"Fitting {first} adapter directions in the background (a few minutes each on a CPU). The gateway "
         "serves native prefill meanwhile; each direction starts transferring KV once its adapter is active."
-    )
+        + (f" Then {len(jobs) - first} more fits in shadow ({'/'.join(sorted({j.method for j in jobs if j.shadow}))}; "
+           "a distillation takes 10-15 minutes on a CPU): each replaces its direction's active version once it "
+           "beats it on paired live requests." if first < len(jobs) else "")
+    )  # fmt: skip
     said = False
     try:
         await _progress(jobs, serving)
@@ -120,16 +124,24 @@ def _print_urls(settings: Settings, base: str, admin_key: str) -> None:
 def fit_summary(jobs: Sequence[Job]) -> str:
     """What the bootstrap fits came to: how many adapters are active, each failure with its error,
     and how many had not finished (the gateway stopped first)."""
-    done = sum(job.status == "done" for job in jobs)
+    first = [job for job in jobs if not job.shadow]
+    second = [job for job in jobs if job.shadow]
     stopped = [job for job in jobs if job.status == "failed" and job.error == f"FitCancelled: {STOPPING}"]
-    parts = [f"{done} of {len(jobs)} adapters fitted and active"]
-    parts += [f"{job.sender} -> {job.receiver} failed: {job.error}"
-              for job in jobs if job.status == "failed" and job not in stopped]  # fmt: skip
-    parts += [f"{job.sender} -> {job.receiver} cancelled" for job in jobs if job.status == "cancelled"]
+    parts = [f"{sum(job.status == 'done' for job in first)} of {len(first)} adapters fitted and active"]
+    if second:
+        methods = "/".join(sorted({job.method for job in second}))
+        parts.append(f"{sum(job.status == 'done' for job in second)} of {len(second)} {methods} fits in shadow "
+                     "(each replaces the active version if it beats it on live requests)")  # fmt: skip
+    parts += [f"{_name(job)} failed: {job.error}" for job in jobs if job.status == "failed" and job not in stopped]
+    parts += [f"{_name(job)} cancelled" for job in jobs if job.status == "cancelled"]
     unfinished = sum(job.status not in ENDED for job in jobs) + len(stopped)  # a stop is no failure of the fit
     if unfinished:
         parts.append(f"{unfinished} not finished")
     return "; ".join(part.rstrip(".") for part in parts) + "."
+
+
+def _name(job: Job) -> str:
+    return f"{job.sender} -> {job.receiver}" + (f" ({job.method}, shadow)" if job.shadow else "")
 
 
 async def _progress(jobs: Sequence[Job], serving: asyncio.Task[None]) -> None:
@@ -141,7 +153,7 @@ async def _progress(jobs: Sequence[Job], serving: asyncio.Task[None]) -> None:
                 status = "stopped" if job.error == f"FitCancelled: {STOPPING}" else job.status
                 state = f"{status} {job.stage} {job.done}/{job.total}"
                 if job.id not in ids:
-                    ids[job.id] = bars.add_task(f"{job.sender} -> {job.receiver}", total=1.0, state=state)
+                    ids[job.id] = bars.add_task(_name(job), total=1.0, state=state)
                 finished = job.status in ENDED
                 bars.update(ids[job.id], completed=1.0 if finished else job.view()["progress"], state=state)
             if all(job.status in ENDED for job in jobs):

@@ -144,7 +144,7 @@ async def upload(
 class FitForm(BaseModel):
     sender: str = Field(min_length=1, max_length=200)
     receiver: str = Field(min_length=1, max_length=200)
-    method: str = Field("heterofold", pattern="^(heterofold|kv-ridge|distilled)$")
+    method: str = Field("kv-ridge", pattern="^(heterofold|kv-ridge|distilled)$")
     docs: int = Field(8, ge=2, le=64)
     max_tokens: int = Field(512, ge=64, le=4096)
     version: str = Field("", max_length=200)

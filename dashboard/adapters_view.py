@@ -47,6 +47,7 @@ class VersionView:
     mean_kl: float | None
     mean_top1: float | None
     actions: tuple[str, ...]
+    paired: versions.Pairs | None = None  # a shadow version against the active one, on the same requests
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,14 @@ def pair_views(*, session: Session, pool: EnginePool, window: int, threshold: fl
     out = []
     for i, members in enumerate(pairs.values()):
         views = []
+        active = next((r for r in members if r.status == "active"), None)
         for r in members:
             d = version_drift(session=session, row=r, window=window)
             stale = is_stale(r, pool)
+            paired = (versions.pairs(session=session, adapter_id=r.id, baseline_id=active.id, window=window)
+                      if active is not None and r.status == "shadow" else None)  # fmt: skip
             views.append(VersionView(r, stale, fidelity(r.metrics), d.samples, d.mean_kl, d.mean_top1,
-                                     actions_for(r, stale)))  # fmt: skip
+                                     actions_for(r, stale), paired))  # fmt: skip
         series = [Series(f"{r.version} (id {r.id})", by_version.get(r.id, [])) for r in members]
         first = members[0]
         chart = line_chart(

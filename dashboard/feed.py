@@ -89,7 +89,7 @@ def describe(event: Event) -> FeedItem:
         else:
             title = f"adapter {action}" if action else "adapter status"
             text = f"version {g('version', '?')} (id {g('adapter', '?')}): {g('from', '?')} -> {g('to', '?')}"
-            text += f", by {g('actor', '?')}"
+            text += f", by {g('actor', '?')}" + (f" ({g('reason', '')})" if g("reason", "") else "")
     elif kind == "adapter.drift":
         severity, title = "alert", "drift alert"
         text = (f"version {g('version', '?')}: mean first-token KL {g('first_token_kl', '?')} over "

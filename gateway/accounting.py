@@ -125,14 +125,24 @@ class TurnAccounting:
 
     async def _shadow(self, hop: Hop, plan: HopPlan, answer: list[int]) -> None:
         """Sampled native re-runs (long: a whole native prefill); the next hop never waits for them."""
-        served = plan.path in ("transfer", "map_quote")
-        if served and plan.adapter_id is not None and plan.past is not None and self.shadow.sample_served():
-            ran = hop if plan.prompt is None else replace(hop, text=plan.prompt.text, ids=plan.prompt.ids,
-                                                          offsets=plan.prompt.offsets)  # fmt: skip
+        served = plan.path in ("transfer", "map_quote") and plan.adapter_id is not None and plan.past is not None
+        ran = (
+            hop
+            if plan.prompt is None
+            else replace(hop, text=plan.prompt.text, ids=plan.prompt.ids, offsets=plan.prompt.offsets)
+        )  # the prompt the engine ran
+        if served and self.shadow.sample_served():
+            assert plan.adapter_id is not None and plan.past is not None
             await self.shadow.served(
                 ref_id=plan.adapter_id, version=plan.adapter_version or "", hop=ran, kv=plan.past, answer=answer
-            )  # the prompt the engine ran (map_quote: quoted)
+            )
         if plan.inputs is not None and self.shadow.sample_shadow():
             refs = await self.resolver.shadows(plan.inputs.pair)
-            if refs:
+            if not refs:
+                return
+            if served and plan.rebuild is not None:  # beside the version that served, on its path
+                assert plan.adapter_id is not None and plan.past is not None
+                await self.shadow.paired(refs=refs, baseline_id=plan.adapter_id, hop=ran, kv=plan.past,
+                                         rebuild=plan.rebuild, answer=answer)  # fmt: skip
+            else:
                 await self.shadow.candidates(refs=refs, hop=hop, inputs=plan.inputs, answer=answer)

@@ -34,8 +34,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from engines.base import Engine, Timings
@@ -135,6 +135,9 @@ class HopPlan:
     selector: str | None = None  # the selector that chose the spans recomputed or quoted (none at budget 0)
     inputs: TransferInputs | None = None  # set when a transfer was possible
     prompt: Prompt | None = None  # set when the path rewrote the prompt
+    # the served KV built again with another adapter, on the same path, prompt, spans and budget
+    # (paired shadow evaluation); set on the adapter paths (transfer, map_quote)
+    rebuild: Callable[[Adapter], Awaitable[KVCache]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def cached_tokens(self) -> int:
@@ -304,12 +307,23 @@ class HopPlanner:
             sections = shared_sections(inputs.sender.text, prompt.text, [*hop.contents[:-1], head])
             if not sections:  # nothing shared before the quote: nothing to map
                 return None
-            result = await run_transfer(adapter, q_hop, replace(inputs, sections=sections), selector, budget=0.0)
-            result = replace(result, select_ms=selection.ms)
+            q_inputs = replace(inputs, sections=sections)
+
+            async def build(other: Adapter) -> TransferResult:
+                return await run_transfer(other, q_hop, q_inputs, selector, budget=0.0)
+
         else:
-            result = await run_transfer(
-                adapter, hop, inputs, selector, sender=self.engines(inputs.pair[0]), scout=self.scout
-            )
+            sender = self.engines(inputs.pair[0])
+
+            async def build(other: Adapter) -> TransferResult:
+                return await run_transfer(other, hop, inputs, selector, sender=sender, scout=self.scout)
+
+        async def rebuild(other: Adapter) -> KVCache:
+            return (await build(other)).kv
+
+        result = await build(adapter)
+        if path == "map_quote":
+            result = replace(result, select_ms=selection.ms)
         return HopPlan(
             path,
             result.kv,
@@ -322,6 +336,7 @@ class HopPlanner:
             selector=selector.name if hop.policy.recompute_budget > 0 else None,
             inputs=inputs,
             prompt=prompt,
+            rebuild=rebuild,
         )
 
     def evidence(self, hop: Hop, inputs: TransferInputs) -> Evidence:

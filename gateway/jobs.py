@@ -14,7 +14,10 @@ running one gets ``cancel_requested``, which its replica reads with its next sav
 retry or an alert. A stale job has no replica left to read the flag, so it is ``cancelled`` at once.
 
 A finished fit is saved under ``adapters_dir`` and registered as a ``candidate``; a bootstrap fit for
-a pair with no active version is promoted at once (actor ``bootstrap``). A bootstrap job has one id
+a pair with no active version is promoted at once (actor ``bootstrap``). The bootstrap's second stage
+(``bootstrap.then``) registers its version in ``shadow``, where paired shadow evaluation
+(``gateway/shadow.py``) promotes it if it beats the active one on live requests; a ``distilled``
+second stage starts from the pair's active KV Ridge map rather than fitting one again. A bootstrap job has one id
 per (method, sender fingerprint, receiver fingerprint) and is claimed in the database before it
 starts, so replicas that start together fit each direction once; a claim takes over a failed,
 cancelled or stale job of that id, never a live or a done one.
@@ -60,6 +63,8 @@ from gateway.registry.tables import FitJobRow, utcnow
 from gateway.resolver import AdapterResolver
 from gateway.settings import DistillSettings
 from harness.fit_on_engines import METHODS, default_corpus, fit_or_distill
+from heterofold.adapter import Adapter
+from heterofold.errors import HeteroFoldError
 from store.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -89,6 +94,7 @@ class Job:
     max_tokens: int
     version: str
     activate: bool = False
+    shadow: bool = False  # its version goes to shadow (a distillation starts from the pair's active KV Ridge)
     status: str = "queued"  # queued, running, done, failed, cancelled
     stage: str = ""
     done: int = 0
@@ -110,7 +116,7 @@ class Job:
     def from_row(cls, row: FitJobRow, stale_before: datetime) -> Job:
         return cls(
             id=row.id, sender=row.sender_name, receiver=row.receiver_name, method=row.method, docs=row.docs,
-            max_tokens=row.max_tokens, version=row.version, activate=row.activate, status=row.status,
+            max_tokens=row.max_tokens, version=row.version, activate=row.activate, shadow=row.shadow, status=row.status,
             stage=row.stage, done=row.done, total=row.total, attempts=row.attempts, error=row.error,
             adapter_id=row.adapter_id, started=rows.aware(row.created_at).timestamp(), replica=row.replica,
             cancel_requested=row.cancel_requested, stale=rows.is_stale(row, stale_before),
@@ -184,28 +190,37 @@ class FitJobs:
         return job
 
     def bootstrap(
-        self, *, method: str, docs: int, max_tokens: int, order: builtins.list[tuple[str, str]]
-    ) -> builtins.list[Job]:
+        self, *, method: str, docs: int, max_tokens: int, order: builtins.list[tuple[str, str]],
+        then: str | None = None,
+    ) -> builtins.list[Job]:  # fmt: skip
         """Fit, in ``order``, every direction between configured engines that has no version yet,
-        unless another replica has claimed it; the jobs this replica started."""
+        unless another replica has claimed it; then, with ``then``, a second fit of that method for
+        every direction that has no version of it, registered in ``shadow`` (promoted at once only
+        where the direction still has no active version), after every first-stage fit. The jobs
+        this replica started."""
+        if then is not None:
+            self._check_method(then)
         with self.db.session() as session:
-            have = {(r.sender_fingerprint, r.receiver_fingerprint) for r in versions.list_adapters(session=session)
-                    if r.status != "retired"}  # fmt: skip
+            kept = [r for r in versions.list_adapters(session=session) if r.status != "retired"]
+        have = {(r.sender_fingerprint, r.receiver_fingerprint) for r in kept}
+        have_then = {(r.sender_fingerprint, r.receiver_fingerprint) for r in kept if r.method == then}
+        stages = [(method, have, False)] + ([(then, have_then, True)] if then and then != method else [])
         jobs = []
-        for s, r in order:
-            pair = (self.pool[s].engine.spec.fingerprint, self.pool[r].engine.spec.fingerprint)
-            if pair in have:
-                continue
-            self._check(s, r, method)
-            job = Job(bootstrap_id(method, *pair), s, r, method, docs, max_tokens, f"{method}-bootstrap", True,
-                      replica=self.replica)  # fmt: skip
-            with self.db.session() as session:
-                claimed = rows.claim(session=session, row=_new_row(job), stale_before=self._stale_before())
-            if not claimed:
-                log.info("bootstrap fit %s -> %s (job %s) is another replica's: skipped", s, r, job.id)
-                continue
-            self._launch(job)
-            jobs.append(job)
+        for stage_method, skip, shadow in stages:
+            for s, r in order:
+                pair = (self.pool[s].engine.spec.fingerprint, self.pool[r].engine.spec.fingerprint)
+                if pair in skip:
+                    continue
+                self._check(s, r, stage_method)
+                job = Job(bootstrap_id(stage_method, *pair), s, r, stage_method, docs, max_tokens,
+                          f"{stage_method}-bootstrap", not shadow, shadow, replica=self.replica)  # fmt: skip
+                with self.db.session() as session:
+                    claimed = rows.claim(session=session, row=_new_row(job), stale_before=self._stale_before())
+                if not claimed:
+                    log.info("bootstrap fit %s -> %s (job %s) is another replica's: skipped", s, r, job.id)
+                    continue
+                self._launch(job)
+                jobs.append(job)
         return jobs
 
     def _check(self, sender: str, receiver: str, method: str) -> None:
@@ -214,6 +229,10 @@ class FitJobs:
                 raise InvalidRequest(f"engine {name} is not a local engine; fit it where it runs")
         if sender == receiver:
             raise InvalidRequest("sender and receiver must be different engines")
+        self._check_method(method)
+
+    @staticmethod
+    def _check_method(method: str) -> None:
         if method not in METHODS:
             raise InvalidRequest(f"unknown method {method!r}: {', '.join(METHODS)}", param="method")
 
@@ -355,11 +374,12 @@ class FitJobs:
 
         progress("starting", 0, 0)  # a retry after stop() or a cancel gives up here
         texts = default_corpus(0, job.docs)
+        start = self._active_ridge(sender, receiver) if job.shadow and job.method == "distilled" else None
         adapter = asyncio.run(
             fit_or_distill(sender, receiver, method=job.method, texts=texts, seed=0, version=job.version,
                            max_tokens=job.max_tokens, distill_docs=self.distill.docs, distill_steps=self.distill.steps,
                            distill_path=self.distill.path, distill_lr=self.distill.lr, distill_clip=self.distill.clip,
-                           progress=progress)
+                           progress=progress, start=start)
         )  # fmt: skip
         folder = new_folder(self.adapters_dir, job.sender, job.receiver)
         sha = adapter.save(folder)
@@ -371,19 +391,38 @@ class FitJobs:
                 version=m.version, method=m.method, artifact_path=str(folder), sha256=sha,
                 metrics={**m.metrics, "fit": m.fit}, actor="fit",
             )  # fmt: skip
-            if job.activate and not any(
+            unserved = not any(
                 r.status == "active" and r.sender_fingerprint == row.sender_fingerprint
                 and r.receiver_fingerprint == row.receiver_fingerprint
                 for r in versions.serving(session=session, statuses=("active",))
-            ):  # fmt: skip
+            )  # fmt: skip
+            if (job.activate or job.shadow) and unserved:
                 versions.promote(session=session, adapter_id=row.id, actor="bootstrap")
+            elif job.shadow:
+                versions.set_shadow(session=session, adapter_id=row.id, actor="bootstrap")
         job.adapter_id = row.id  # once committed: a failed promotion leaves no row behind to point at
+
+    def _active_ridge(self, sender: LocalEngine, receiver: LocalEngine) -> Adapter | None:
+        """The pair's active version when it is a KV Ridge map whose artifact loads: where a shadow
+        distillation starts, instead of fitting KV Ridge again (None: it fits its own)."""
+        s, r = sender.spec.fingerprint, receiver.spec.fingerprint
+        with self.db.session() as session:
+            active = next((a for a in versions.serving(session=session, statuses=("active",))
+                           if a.sender_fingerprint == s and a.receiver_fingerprint == r), None)  # fmt: skip
+        if active is None or active.method != "kv-ridge":
+            return None
+        try:
+            return Adapter.load(Path(active.artifact_path), sender_fingerprint=s, receiver_fingerprint=r)
+        except HeteroFoldError as exc:
+            log.warning("active KV Ridge %s does not load (%s): the distillation fits its own", active.version, exc)
+            return None
 
 
 def _new_row(job: Job) -> FitJobRow:
     return FitJobRow(
         id=job.id, sender_name=job.sender, receiver_name=job.receiver, method=job.method, replica=job.replica,
-        version=job.version, docs=job.docs, max_tokens=job.max_tokens, activate=job.activate, status=job.status,
+        version=job.version, docs=job.docs, max_tokens=job.max_tokens, activate=job.activate, shadow=job.shadow,
+        status=job.status,
         created_at=datetime.fromtimestamp(job.started, UTC), updated_at=utcnow(),
     )  # fmt: skip
 

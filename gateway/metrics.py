@@ -70,6 +70,9 @@ class Metrics:
         self.shadow_samples = Counter("heterofold_shadow_samples_total", "Shadow evaluations run", ["version"],
                                       registry=r)  # fmt: skip
         self.drift_alerts = Counter("heterofold_drift_alerts_total", "Adapter drift alerts", ["version"], registry=r)
+        self.auto_promotions = Counter("heterofold_auto_promotions_total",
+                                       "Shadow versions promoted on paired shadow evaluation", ["version"],
+                                       registry=r)  # fmt: skip
         self.fit_failures = Counter("heterofold_fit_failures_total", "Fit jobs that failed their last attempt",
                                     ["method"], registry=r)  # fmt: skip
         self.rate_limited = Counter("heterofold_rate_limited_total", "Requests answered 429 (engine queue full)",

@@ -122,7 +122,8 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
     def registry_ready() -> None:
         resolver.invalidate()
         if b.fit_missing:  # on the loop: the jobs are tasks of it (a few quick SQL reads)
-            jobs.bootstrap(method=b.method, docs=b.docs, max_tokens=b.max_tokens, order=hop_directions(settings))
+            jobs.bootstrap(method=b.method, docs=b.docs, max_tokens=b.max_tokens, order=hop_directions(settings),
+                           then=b.then)  # fmt: skip
 
     try:
         await connect_registry(settings, db, pool)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -23,6 +23,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from engines.selectors import make_selector
 from store.config import GiB, StoreConfig
 from store.lease import data_dir_node
+
+if TYPE_CHECKING:
+    from gateway.registry.versions import Pairs
 
 CONFIG_ENV = "HETEROFOLD_CONFIG"
 
@@ -150,10 +153,20 @@ class ShadowSettings(_Section):
     window: int = Field(default=50, ge=1)  # recent samples the mean is taken over
     min_samples: int = Field(default=5, ge=1)
     auto_rollback: bool = False
+    auto_promote: bool = True  # a shadow version that beats the active one on paired requests replaces it
+    promote_min_pairs: int = Field(default=20, ge=1)  # paired requests (within ``window``) before deciding
+    promote_margin: float = Field(default=0.02, ge=0.0)  # nats of mean answer KL below the active version's
 
     def drifted(self, samples: int, mean_kl: float) -> bool:
         """The drift alert's condition: at least ``min_samples`` samples, mean KL over the threshold."""
         return samples >= self.min_samples and mean_kl > self.drift_kl_threshold
+
+    def promotes(self, pairs: Pairs) -> bool:
+        """Auto-promotion's condition on a shadow version's pairs with the active version: at least
+        ``promote_min_pairs``, a mean answer KL at least ``promote_margin`` below the active's, and
+        the lower KL on more than half of the requests."""
+        return (pairs.samples >= self.promote_min_pairs and pairs.kl <= pairs.baseline_kl - self.promote_margin
+                and 2 * pairs.wins > pairs.samples)  # fmt: skip
 
 
 class DistillSettings(_Section):
@@ -176,7 +189,10 @@ class BootstrapSettings(_Section):
     after ``fit_retry_backoff_s``, doubled before each further attempt; ``distill`` too."""
 
     fit_missing: bool = False
-    method: Literal["heterofold", "kv-ridge", "distilled"] = "heterofold"
+    method: Literal["heterofold", "kv-ridge", "distilled"] = "kv-ridge"
+    # a second fit per direction, after every first one, registered in shadow: promoted if it beats the
+    # active version on paired live requests (``shadow.auto_promote``); None: no second stage
+    then: Literal["heterofold", "kv-ridge", "distilled"] | None = "distilled"
     docs: int = Field(default=8, ge=2)
     max_tokens: int = Field(default=512, ge=64)
     fit_retries: int = Field(default=2, ge=0)  # attempts after the first; then a fit.failed alert

@@ -128,16 +128,22 @@ async def fit_or_distill(
     distill_lr: float = 2e-3,
     distill_clip: float | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    start: Adapter | None = None,
 ) -> Adapter:
-    """One of ``METHODS`` from scratch: ``distilled`` fits KV Ridge on ``texts`` first, then distils
-    it on ``distill_docs`` stdlib contexts for ``distill_path`` (``distill_direction``)."""
+    """One of ``METHODS`` from scratch: ``distilled`` fits KV Ridge on ``texts`` first (or starts
+    from ``start``, a KV Ridge map already fitted for this direction), then distils it on
+    ``distill_docs`` stdlib contexts for ``distill_path`` (``distill_direction``)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: {', '.join(METHODS)}")
     if method != "distilled":
         return await fit_direction(sender, receiver, method=method, texts=texts, seed=seed, version=version,
                                    max_tokens=max_tokens, progress=progress)  # fmt: skip
-    base = await fit_direction(sender, receiver, method="kv-ridge", texts=texts, seed=seed, version=f"{version}-start",
-                               max_tokens=max_tokens, progress=progress)  # fmt: skip
+    if start is not None and start.manifest.method != "kv-ridge":
+        raise ValueError(f"a distillation starts from a kv-ridge map, not {start.manifest.method!r}")
+    base = start or await fit_direction(
+        sender, receiver, method="kv-ridge", texts=texts, seed=seed, version=f"{version}-start",
+        max_tokens=max_tokens, progress=progress,
+    )  # fmt: skip
     return await distill_direction(sender, receiver, base, contexts=distill_contexts(seed, distill_docs),
                                    version=version, seed=seed, steps=distill_steps, path=distill_path,
                                    lr=distill_lr, clip=distill_clip, progress=progress)  # fmt: skip

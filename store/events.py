@@ -11,7 +11,8 @@ Kinds and their fields (all values are strings; ``ts`` is unix seconds, ``node``
 Written by the gateway:
     transfer.fallback  stage ("prefix", "transfer", "engine"), reason (an error class), role, detail
     engine.failure     engine, role, reason ("timeout" or an error class), detail
-    adapter.status     adapter, version, from, to, actor
+    adapter.status     adapter, version, action, from, to, actor; an automatic promotion adds reason,
+                       replaced, samples, answer_kl, baseline_kl, wins (``gateway/shadow.py``)
     adapter.drift      adapter, version, samples, first_token_kl, top1_agreement, threshold
     fit.failed         sender, receiver (engine names), method, attempts, error (its class and message)
 """

@@ -60,8 +60,9 @@ def claim(*, session: Session, row: FitJobRow, stale_before: datetime) -> bool:
         fresh: dict[str, Any] = {
             "sender_name": row.sender_name, "receiver_name": row.receiver_name, "method": row.method,
             "replica": row.replica, "version": row.version, "docs": row.docs, "max_tokens": row.max_tokens,
-            "activate": row.activate, "status": "queued", "cancel_requested": False, "stage": "", "done": 0,
-            "total": 0, "attempts": 0, "error": None, "adapter_id": None, "created_at": now, "updated_at": now,
+            "activate": row.activate, "shadow": row.shadow, "status": "queued", "cancel_requested": False,
+            "stage": "", "done": 0, "total": 0, "attempts": 0, "error": None, "adapter_id": None, "created_at": now,
+            "updated_at": now,
         }  # fmt: skip
         stale = and_(FitJobRow.status.in_(ACTIVE), FitJobRow.updated_at < stale_before)
         taken = update(FitJobRow).where(FitJobRow.id == row.id, or_(FitJobRow.status.in_(RECLAIMABLE), stale))

@@ -94,6 +94,7 @@ class FitJobRow(Base):
     docs: Mapped[int] = mapped_column(Integer, default=0)
     max_tokens: Mapped[int] = mapped_column(Integer, default=0)
     activate: Mapped[bool] = mapped_column(Boolean, default=False)
+    shadow: Mapped[bool] = mapped_column(Boolean, default=False)  # the version goes to shadow (migration 0009)
     status: Mapped[str] = mapped_column(String(20), default="queued")  # queued, running, done, failed, cancelled
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     stage: Mapped[str] = mapped_column(String(50), default="")
@@ -114,6 +115,11 @@ class ShadowSampleRow(Base):
     first_token_kl: Mapped[float] = mapped_column(Float)
     top1_agreement: Mapped[float] = mapped_column(Float)
     at: Mapped[datetime] = mapped_column(default=utcnow)
+    # paired (migration 0009): mean per-token KL over the answer, and that of the version that served
+    # the same request on the same path (``baseline_id``); none for an unpaired sample
+    answer_kl: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
+    baseline_id: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
+    baseline_kl: Mapped[float | None] = mapped_column(Float, nullable=True, default=None)
 
 
 class RequestRow(Base):

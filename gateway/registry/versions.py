@@ -10,6 +10,7 @@ locked (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite transactions begin IMMED
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
@@ -127,7 +128,7 @@ def set_shadow(*, session: Session, adapter_id: int, actor: str) -> AdapterRow:
     return row
 
 
-def promote(*, session: Session, adapter_id: int, actor: str) -> AdapterRow:
+def promote(*, session: Session, adapter_id: int, actor: str, reason: str = "") -> AdapterRow:
     row = get_adapter(session=session, adapter_id=adapter_id)
     pair = _pair_rows(session, row)
     row = next(r for r in pair if r.id == adapter_id)
@@ -138,7 +139,8 @@ def promote(*, session: Session, adapter_id: int, actor: str) -> AdapterRow:
     previous = next((r for r in pair if r.status == "active"), None)
     if previous is not None:
         _set(session, previous, "candidate", "demote", actor, replaced_by=row.id)
-    _set(session, row, "active", "promote", actor, previous=previous.id if previous else None)
+    detail = {"reason": reason} if reason else {}
+    _set(session, row, "active", "promote", actor, previous=previous.id if previous else None, **detail)
     return row
 
 
@@ -177,8 +179,42 @@ def retire(*, session: Session, adapter_id: int, actor: str) -> AdapterRow:
     return row
 
 
-def record_shadow(*, session: Session, adapter_id: int, kl: float, top1: float) -> None:
-    session.add(ShadowSampleRow(adapter_id=adapter_id, first_token_kl=kl, top1_agreement=top1))
+def record_shadow(
+    *, session: Session, adapter_id: int, kl: float, top1: float, answer_kl: float | None = None,
+    baseline_id: int | None = None, baseline_kl: float | None = None,
+) -> None:  # fmt: skip
+    session.add(ShadowSampleRow(adapter_id=adapter_id, first_token_kl=kl, top1_agreement=top1, answer_kl=answer_kl,
+                                baseline_id=baseline_id, baseline_kl=baseline_kl))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """A shadow version against the version that served beside it, over the same requests."""
+
+    samples: int
+    kl: float  # mean per-token answer KL of the shadow version
+    baseline_kl: float  # of the serving version, on the same requests and path
+    wins: int  # requests where the shadow version's KL was the lower
+
+    def view(self) -> dict[str, float | int]:
+        return {"samples": self.samples, "answer_kl": round(self.kl, 4), "baseline_kl": round(self.baseline_kl, 4),
+                "wins": self.wins}  # fmt: skip
+
+
+def pairs(*, session: Session, adapter_id: int, baseline_id: int, window: int) -> Pairs:
+    """The last ``window`` samples of ``adapter_id`` paired with ``baseline_id``."""
+    recent = (
+        select(ShadowSampleRow.answer_kl, ShadowSampleRow.baseline_kl)
+        .where(ShadowSampleRow.adapter_id == adapter_id, ShadowSampleRow.baseline_id == baseline_id,
+               ShadowSampleRow.answer_kl.is_not(None), ShadowSampleRow.baseline_kl.is_not(None))
+        .order_by(ShadowSampleRow.id.desc())
+        .limit(window)
+    )  # fmt: skip
+    rows = [(float(a or 0.0), float(b or 0.0)) for a, b in session.execute(recent).all()]  # neither is NULL here
+    if not rows:
+        return Pairs(0, 0.0, 0.0, 0)
+    n = len(rows)
+    return Pairs(n, sum(a for a, _ in rows) / n, sum(b for _, b in rows) / n, sum(a < b for a, b in rows))
 
 
 def drift(*, session: Session, adapter_id: int, window: int) -> tuple[int, float, float]:

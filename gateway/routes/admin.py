@@ -55,7 +55,7 @@ class AdapterOut(BaseModel):
 class FitIn(BaseModel):
     sender: str  # engine names from the config
     receiver: str
-    method: str = "heterofold"
+    method: str = "kv-ridge"  # the bootstrap's first fit
     docs: int = Field(8, ge=2, le=64)
     max_tokens: int = Field(512, ge=64, le=4096)
     version: str | None = Field(None, min_length=1, max_length=200)

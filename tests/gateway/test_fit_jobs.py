@@ -15,6 +15,7 @@ the job logic is under test, not fitting.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import threading
 import time
@@ -182,6 +183,20 @@ def test_summary_claims_no_more_than_finished_when_interrupted() -> None:
     assert fit_summary(cancelled) == "1 of 2 adapters fitted and active; b -> qwen cancelled."
     stopped = [job("a", "done"), job("b", "failed", "FitCancelled: the gateway is stopping")]  # Ctrl-C
     assert fit_summary(stopped) == "1 of 2 adapters fitted and active; 1 not finished."
+
+
+def test_summary_counts_the_shadow_stage_apart() -> None:
+    def second(sender: str, status: str, error: str | None = None) -> Job:
+        return Job(f"id2-{sender}", sender, "qwen", "distilled", 8, 512, "v", False, True, status=status, error=error)
+
+    jobs = [job("a", "done"), job("b", "done"), second("a", "done"), second("b", "failed", "ValueError: nan loss")]
+    assert fit_summary(jobs) == (
+        "2 of 2 adapters fitted and active; 1 of 2 distilled fits in shadow (each replaces the active version if it "
+        "beats it on live requests); b -> qwen (distilled, shadow) failed: ValueError: nan loss."
+    )
+    assert fit_summary([job("a", "done"), second("a", "running")]).endswith("in shadow (each replaces the active "
+                                                                            "version if it beats it on live "
+                                                                            "requests); 1 not finished.")  # fmt: skip
 
 
 # Across replicas ----------------------------------------------------------------------------------
@@ -488,6 +503,83 @@ def test_two_bootstraps_racing_on_one_database_fit_each_direction_once_and_retak
         active = {(r.sender_name, r.receiver_name) for r in versions.serving(session=session, statuses=("active",))}
     assert active == set(DIRECTIONS)
     assert replica("replica-e").bootstrap(method="kv-ridge", docs=2, max_tokens=64, order=DIRECTIONS) == []
+
+
+class Staged:
+    """A stand-in for ``fit_or_distill`` that records each fit (method, the version it started
+    from, direction) and returns a small adapter of the method asked for."""
+
+    def __init__(self) -> None:
+        self.fits: list[tuple[str, str | None, tuple[str, str]]] = []
+
+    async def __call__(self, sender: LocalEngine, receiver: LocalEngine, **kwargs: Any) -> Adapter:
+        start = kwargs.get("start")
+        self.fits.append((kwargs["method"], start.manifest.version if start else None,
+                          (sender.spec.name, receiver.spec.name)))  # fmt: skip
+        kwargs["progress"]("collect", 1, 1)
+        made = small_adapter(sender, receiver, kwargs["version"], seed=len(self.fits))
+        return Adapter(dataclasses.replace(made.manifest, method=kwargs["method"]), made.maps)
+
+
+@pytest.mark.models
+def test_bootstrap_then_fits_every_direction_first_then_a_shadow_distillation_from_the_active_ridge(
+    replica: Callable[..., FitJobs], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staged = Staged()
+    monkeypatch.setattr(jobs_module, "fit_or_distill", staged)
+    a = replica("replica-a")
+
+    async def boot(jobs: FitJobs) -> list[Job]:
+        started = jobs.bootstrap(method="kv-ridge", docs=2, max_tokens=64, order=DIRECTIONS, then="distilled")
+        await jobs.background.drain(120)
+        return started
+
+    started = asyncio.run(boot(a))
+    assert [(j.method, j.shadow, j.activate) for j in started] == [("kv-ridge", False, True)] * 2 + [
+        ("distilled", True, False)] * 2  # fmt: skip
+    assert all(j.status == "done" and a.get(j.id).shadow == j.shadow for j in started)
+    # every first-stage fit before any distillation; each distillation from its direction's active KV Ridge
+    assert [(m, start, pair) for m, start, pair in staged.fits] == [
+        ("kv-ridge", None, DIRECTIONS[0]), ("kv-ridge", None, DIRECTIONS[1]),
+        ("distilled", "kv-ridge-bootstrap", DIRECTIONS[0]), ("distilled", "kv-ridge-bootstrap", DIRECTIONS[1]),
+    ]  # fmt: skip
+    with a.db.session() as session:
+        status = {(r.sender_name, r.receiver_name, r.method): r.status for r in versions.list_adapters(session=session)}
+        audit = versions.audit_log(session=session)
+    assert status == {(s, r, "kv-ridge"): "active" for s, r in DIRECTIONS} | {
+        (s, r, "distilled"): "shadow" for s, r in DIRECTIONS}  # fmt: skip
+    assert sum(x.action == "shadow" and x.actor == "bootstrap" for x in audit) == 2
+    # a restart: nothing left to fit
+    assert asyncio.run(boot(replica("replica-b"))) == []
+    assert len(staged.fits) == 4
+
+
+@pytest.mark.models
+def test_a_shadow_stage_for_a_direction_with_no_active_version_is_promoted_at_once(
+    replica: Callable[..., FitJobs], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staged = Staged()
+    monkeypatch.setattr(jobs_module, "fit_or_distill", staged)
+    a = replica("replica-a")
+
+    async def boot() -> list[Job]:
+        with a.db.session() as session:  # the first stage fails on this direction: no version serves it
+            session.add(FitJobRow(id=bootstrap_id("kv-ridge", *fingerprints(a, DIRECTIONS[0])),
+                                  sender_name=SMOL, receiver_name=GEMMA, method="kv-ridge", status="done"))  # fmt: skip
+        started = a.bootstrap(method="kv-ridge", docs=2, max_tokens=64, order=DIRECTIONS[:1], then="distilled")
+        await a.background.drain(120)
+        return started
+
+    (job,) = asyncio.run(boot())  # the KV Ridge job's id is taken (done elsewhere): only the distillation runs
+    assert (job.method, job.shadow, job.status) == ("distilled", True, "done")
+    assert staged.fits == [("distilled", None, DIRECTIONS[0])]  # no active KV Ridge to start from: fits its own
+    with a.db.session() as session:
+        (row,) = versions.list_adapters(session=session)
+    assert (row.method, row.status) == ("distilled", "active")
+
+
+def fingerprints(jobs: FitJobs, direction: tuple[str, str]) -> tuple[str, str]:
+    return jobs.pool[direction[0]].engine.spec.fingerprint, jobs.pool[direction[1]].engine.spec.fingerprint
 
 
 # Admin API and dashboard of a real gateway --------------------------------------------------------

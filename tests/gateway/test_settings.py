@@ -1,5 +1,6 @@
 """The transfer policy's selector choice: one default per role, another per sender engine, and a
-config that names an unknown selector or engine refused at load with the name in the message."""
+config that names an unknown selector or engine refused at load with the name in the message; the
+shipped config's defaults; the auto-promotion rule."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gateway.settings import RoleSettings, Settings, TransferPolicy, load_settings
+from gateway.registry.versions import Pairs
+from gateway.settings import RoleSettings, Settings, ShadowSettings, TransferPolicy, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,3 +40,14 @@ def test_the_shipped_configs_load_with_the_code_defaults_for_the_policy(tmp_path
         assert shipped.roles[name].policy.sender_selectors == role.policy.sender_selectors, name
         assert shipped.roles[name].policy.selector == role.policy.selector, name
     load_settings(REPO / "config" / "heterofold.sglang.yaml", data_dir=tmp_path)
+    assert shipped.bootstrap == defaults.bootstrap and shipped.shadow == defaults.shadow
+
+
+def test_promotion_asks_for_enough_pairs_a_margin_and_a_majority_of_wins() -> None:
+    shadow = ShadowSettings(promote_min_pairs=4, promote_margin=0.05)
+    assert shadow.promotes(Pairs(samples=4, kl=0.10, baseline_kl=0.30, wins=3))
+    assert shadow.promotes(Pairs(samples=4, kl=0.25, baseline_kl=0.30, wins=3))  # exactly the margin
+    assert not shadow.promotes(Pairs(samples=3, kl=0.10, baseline_kl=0.30, wins=3))  # too few pairs
+    assert not shadow.promotes(Pairs(samples=4, kl=0.26, baseline_kl=0.30, wins=4))  # under the margin
+    assert not shadow.promotes(Pairs(samples=4, kl=0.10, baseline_kl=0.30, wins=2))  # one large win, half the rest
+    assert ShadowSettings().auto_promote and Settings(data_dir=Path("unused")).bootstrap.then == "distilled"
