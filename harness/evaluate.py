@@ -70,7 +70,7 @@ from engines.selectors import (
     warm,
 )
 from engines.transfer import TransferResult, transfer
-from heterofold.adapter import Adapter
+from heterofold.adapter import Adapter, map_dtype
 from heterofold.align import shared_sections
 from heterofold.fidelity import first_token_kl, mean_kl, top1_agreement
 from heterofold.kv import KVCache
@@ -450,6 +450,18 @@ def _report(
         "native_answer_tokens": {m: {"median": statistics.median(v), "min": min(v)} for m, v in lengths.items()},
         "per_item": {p: {i: vars(x) for i, x in s.scores.items()} for p, s in stats.items()},
         "adapters": {name: a.manifest.metrics | {"version": a.manifest.version} for name, a in adapters.items()},
+        "machine": machine(sender),
+    }
+
+
+def machine(engine: LocalEngine) -> dict[str, Any]:
+    """What a mapped path's numbers depend on beyond the code: the map's matmul dtype (bfloat16 on a
+    CPU with native bfloat16 dot products, else float32: two hosts can differ) and torch's build."""
+    return {
+        "map_dtype": str(map_dtype(engine.device)).removeprefix("torch."),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
 
 

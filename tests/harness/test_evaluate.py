@@ -93,6 +93,7 @@ def test_evaluate_runs_every_path_and_the_identities_hold(load_engine) -> None: 
     # its matched words first, and loses its value's last digits
     assert recall["passkey"]["answer"] == recall["passkey"]["sentence"] == 1.0
     assert recall["multikey"]["answer"] == 0.0
+    assert result["machine"]["map_dtype"] in ("float32", "bfloat16") and result["machine"]["threads"] >= 1
 
 
 @pytest.mark.parametrize("gates", [False, True])
