@@ -131,18 +131,22 @@ class TurnAccounting:
             if plan.prompt is None
             else replace(hop, text=plan.prompt.text, ids=plan.prompt.ids, offsets=plan.prompt.offsets)
         )  # the prompt the engine ran
-        if served and self.shadow.sample_served():
+        sample_served = served and self.shadow.sample_served()
+        refs = []
+        if plan.inputs is not None and self.shadow.sample_shadow():
+            refs = await self.resolver.shadows(plan.inputs.pair)
+        if served and refs and plan.rebuild is not None:  # beside the version that served, on its path
+            assert plan.adapter_id is not None and plan.past is not None
+            await self.shadow.paired(
+                refs=refs, baseline_id=plan.adapter_id, baseline_version=plan.adapter_version or "",
+                record_baseline=sample_served, hop=ran, kv=plan.past, rebuild=plan.rebuild, answer=answer,
+            )  # fmt: skip
+            return
+        if sample_served:
             assert plan.adapter_id is not None and plan.past is not None
             await self.shadow.served(
                 ref_id=plan.adapter_id, version=plan.adapter_version or "", hop=ran, kv=plan.past, answer=answer
             )
-        if plan.inputs is not None and self.shadow.sample_shadow():
-            refs = await self.resolver.shadows(plan.inputs.pair)
-            if not refs:
-                return
-            if served and plan.rebuild is not None:  # beside the version that served, on its path
-                assert plan.adapter_id is not None and plan.past is not None
-                await self.shadow.paired(refs=refs, baseline_id=plan.adapter_id, hop=ran, kv=plan.past,
-                                         rebuild=plan.rebuild, answer=answer)  # fmt: skip
-            else:
-                await self.shadow.candidates(refs=refs, hop=hop, inputs=plan.inputs, answer=answer)
+        if refs:
+            assert plan.inputs is not None
+            await self.shadow.candidates(refs=refs, hop=hop, inputs=plan.inputs, answer=answer)

@@ -123,15 +123,19 @@ class ShadowEvaluator:
             await self._record(ref.id, ref.version, got)
 
     async def paired(
-        self, *, refs: Sequence[VersionRef], baseline_id: int, hop: Hop, kv: KVCache,
-        rebuild: Callable[[Adapter], Awaitable[KVCache]], answer: Sequence[int],
+        self, *, refs: Sequence[VersionRef], baseline_id: int, baseline_version: str, record_baseline: bool,
+        hop: Hop, kv: KVCache, rebuild: Callable[[Adapter], Awaitable[KVCache]], answer: Sequence[int],
     ) -> None:  # fmt: skip
         """Each shadow version on the path that served this request (``hop``: the prompt the
         engine ran; ``kv``: what ``baseline_id`` built for it), beside the served KV, against one
-        native re-run; then the promotion rule for each."""
+        native re-run; then the promotion rule for each. ``record_baseline``: the request was also
+        sampled for the serving version's own drift, which this evaluation records (one native
+        re-run for both)."""
         answer = answer[: self.settings.answer_tokens]
         ref_rows = await native_rows(hop.engine, hop.ids, answer)
         base = await fidelity_of(hop.engine, hop.ids, answer, kv, ref_rows)
+        if record_baseline:
+            await self._record(baseline_id, baseline_version, base)
         for ref in refs:
             try:
                 adapter = await self.resolver.load(ref)

@@ -157,11 +157,12 @@ def test_a_shadow_version_is_paired_with_the_served_one_on_the_path_that_served(
 ) -> None:
     """Rebuilt on the path that served the request (its prompt, spans and budget), the shadow copy
     of the served map gives the served KV: each paired sample's two answer KLs are equal. Equal is
-    not better: no promotion, however few pairs the rule asks for."""
+    not better: no promotion, however few pairs the rule asks for. The request sampled for the
+    serving version's own drift too gets its sample from the same evaluation."""
     roles = make_settings(Path("unused")).roles
     summarizer = roles["summarizer"]
     roles["summarizer"] = summarizer.model_copy(update={"policy": summarizer.policy.model_copy(update={"path": path})})
-    shadow = ShadowSettings(sample_rate=0.0, shadow_rate=1.0, promote_min_pairs=1, promote_margin=0.0)
+    shadow = ShadowSettings(sample_rate=1.0, shadow_rate=1.0, promote_min_pairs=1, promote_margin=0.0)
     gateway = start_gateway(roles=roles, shadow=shadow)
     first, second = two_versions(gateway, fitted_adapter)
     ask(gateway, "executor", [{"role": "user", "content": CONTEXT}], f"conv-{path}")
@@ -171,7 +172,8 @@ def test_a_shadow_version_is_paired_with_the_served_one_on_the_path_that_served(
     assert hf["path"] == path and hf["adapter_version"] == "v1" and cached > 300
     gateway.settle()
     with gateway.services.db.session() as session:
-        (sample,) = session.scalars(select(ShadowSampleRow)).all()
+        served, sample = session.scalars(select(ShadowSampleRow).order_by(ShadowSampleRow.id)).all()
+    assert (served.adapter_id, served.baseline_id, served.answer_kl) == (first["id"], None, sample.baseline_kl)
     assert (sample.adapter_id, sample.baseline_id) == (second["id"], first["id"])
     assert sample.answer_kl is not None and sample.baseline_kl is not None
     assert sample.answer_kl == pytest.approx(sample.baseline_kl, abs=1e-6) and sample.answer_kl > 1e-4

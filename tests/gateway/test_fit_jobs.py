@@ -521,6 +521,13 @@ class Staged:
         return Adapter(dataclasses.replace(made.manifest, method=kwargs["method"]), made.maps)
 
 
+async def bootstrapped(jobs: FitJobs, order: list[tuple[str, str]]) -> list[Job]:
+    """``jobs`` bootstraps ``order`` with KV Ridge, then distilled in shadow, and waits for its jobs."""
+    started = jobs.bootstrap(method="kv-ridge", docs=2, max_tokens=64, order=order, then="distilled")
+    await jobs.background.drain(120)
+    return started
+
+
 @pytest.mark.models
 def test_bootstrap_then_fits_every_direction_first_then_a_shadow_distillation_from_the_active_ridge(
     replica: Callable[..., FitJobs], monkeypatch: pytest.MonkeyPatch
@@ -528,18 +535,12 @@ def test_bootstrap_then_fits_every_direction_first_then_a_shadow_distillation_fr
     staged = Staged()
     monkeypatch.setattr(jobs_module, "fit_or_distill", staged)
     a = replica("replica-a")
-
-    async def boot(jobs: FitJobs) -> list[Job]:
-        started = jobs.bootstrap(method="kv-ridge", docs=2, max_tokens=64, order=DIRECTIONS, then="distilled")
-        await jobs.background.drain(120)
-        return started
-
-    started = asyncio.run(boot(a))
+    started = asyncio.run(bootstrapped(a, DIRECTIONS))
     assert [(j.method, j.shadow, j.activate) for j in started] == [("kv-ridge", False, True)] * 2 + [
         ("distilled", True, False)] * 2  # fmt: skip
     assert all(j.status == "done" and a.get(j.id).shadow == j.shadow for j in started)
     # every first-stage fit before any distillation; each distillation from its direction's active KV Ridge
-    assert [(m, start, pair) for m, start, pair in staged.fits] == [
+    assert staged.fits == [
         ("kv-ridge", None, DIRECTIONS[0]), ("kv-ridge", None, DIRECTIONS[1]),
         ("distilled", "kv-ridge-bootstrap", DIRECTIONS[0]), ("distilled", "kv-ridge-bootstrap", DIRECTIONS[1]),
     ]  # fmt: skip
@@ -550,7 +551,7 @@ def test_bootstrap_then_fits_every_direction_first_then_a_shadow_distillation_fr
         (s, r, "distilled"): "shadow" for s, r in DIRECTIONS}  # fmt: skip
     assert sum(x.action == "shadow" and x.actor == "bootstrap" for x in audit) == 2
     # a restart: nothing left to fit
-    assert asyncio.run(boot(replica("replica-b"))) == []
+    assert asyncio.run(bootstrapped(replica("replica-b"), DIRECTIONS)) == []
     assert len(staged.fits) == 4
 
 
@@ -561,16 +562,10 @@ def test_a_shadow_stage_for_a_direction_with_no_active_version_is_promoted_at_on
     staged = Staged()
     monkeypatch.setattr(jobs_module, "fit_or_distill", staged)
     a = replica("replica-a")
-
-    async def boot() -> list[Job]:
-        with a.db.session() as session:  # the first stage fails on this direction: no version serves it
-            session.add(FitJobRow(id=bootstrap_id("kv-ridge", *fingerprints(a, DIRECTIONS[0])),
-                                  sender_name=SMOL, receiver_name=GEMMA, method="kv-ridge", status="done"))  # fmt: skip
-        started = a.bootstrap(method="kv-ridge", docs=2, max_tokens=64, order=DIRECTIONS[:1], then="distilled")
-        await a.background.drain(120)
-        return started
-
-    (job,) = asyncio.run(boot())  # the KV Ridge job's id is taken (done elsewhere): only the distillation runs
+    with a.db.session() as session:  # the direction's KV Ridge job is done elsewhere, yet no version serves it
+        session.add(FitJobRow(id=bootstrap_id("kv-ridge", *fingerprints(a, DIRECTIONS[0])),
+                              sender_name=SMOL, receiver_name=GEMMA, method="kv-ridge", status="done"))  # fmt: skip
+    (job,) = asyncio.run(bootstrapped(a, DIRECTIONS[:1]))  # the KV Ridge job's id is taken: only the distillation
     assert (job.method, job.shadow, job.status) == ("distilled", True, "done")
     assert staged.fits == [("distilled", None, DIRECTIONS[0])]  # no active KV Ridge to start from: fits its own
     with a.db.session() as session:
