@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -155,6 +156,13 @@ def eval_cmd(
     tail: Annotated[
         int, typer.Option(min=0, help="Last prefix tokens recomputed natively on transfer paths (the gateway's W).")
     ] = DEFAULT_TAIL,
+    map_dtype: Annotated[
+        str,
+        typer.Option(
+            help="The map's matmul dtype: host (what the gateway serves here: bfloat16 on CPUs with "
+            "AVX512-BF16 and on CUDA, else float32), float32 or bfloat16. Pin it to compare runs across hosts."
+        ),
+    ] = "host",
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results here.")] = None,
     cache_dir: CacheDir = None,
 ) -> None:
@@ -184,6 +192,11 @@ def eval_cmd(
     except ValueError as exc:
         err.print(f"[red]error:[/red] --budgets {budgets!r}: {exc}")
         raise typer.Exit(2) from exc
+    if map_dtype not in ("host", "float32", "bfloat16"):
+        err.print(f"[red]error:[/red] --map-dtype takes host, float32 or bfloat16, not {map_dtype!r}")
+        raise typer.Exit(2)
+    if map_dtype != "host":
+        os.environ["HETEROFOLD_MAP_DTYPE"] = map_dtype  # read by heterofold.adapter.map_dtype on each apply
     wanted = [p for p in paths.split(",") if p] if paths else None
     known = set(known_paths(folders))
     if wanted and not set(wanted) <= known:

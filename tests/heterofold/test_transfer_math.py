@@ -141,3 +141,28 @@ def test_identity_adapter_saves_and_loads(tmp_path: Path) -> None:
     Adapter.identity(s).save(tmp_path / "id")
     loaded = Adapter.load(tmp_path / "id", sender_fingerprint=s.fingerprint, receiver_fingerprint=s.fingerprint)
     assert loaded.manifest.method == "identity"
+
+
+def test_map_dtype_follows_the_host_unless_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    from heterofold.adapter import map_dtype
+
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("HETEROFOLD_MAP_DTYPE", raising=False)
+    host = torch.bfloat16 if torch.cpu._is_avx512_bf16_supported() else torch.float32
+    assert map_dtype(cpu) == host
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        monkeypatch.setenv("HETEROFOLD_MAP_DTYPE", name)
+        assert map_dtype(cpu) == dtype
+    monkeypatch.setenv("HETEROFOLD_MAP_DTYPE", "float16")
+    with pytest.raises(AdapterError, match="float32 or bfloat16"):
+        map_dtype(cpu)
+
+
+def test_eval_refuses_an_unknown_map_dtype_before_loading_anything() -> None:
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    args = ["eval", "--sender", "a", "--receiver", "b", "--data", "builtin", "--map-dtype", "float16"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "--map-dtype takes host, float32 or bfloat16" in result.output
