@@ -1,0 +1,140 @@
+"""Probe: should ``auto``'s mapped branch quote? Map + quote against map + recompute on the hops that
+``auto`` maps, re-read from evaluations already run (no model run).
+
+    python -m bench.mapped_branch docs/results/distq4k_*.json docs/results/full4k_*.json [--json OUT]
+
+``auto`` quotes a hop whose question names its sentence (lexical confidence at least ``GATE``) and
+sends every other hop to ``map_quote``: the whole context mapped, the selector's spans quoted before
+the question. Those other hops are the paraphrased look-ups and the whole-context prompts
+("Summarize", "Continue"). ``heterofold eval`` scores, on the same items, both map + quote
+(``M+quote@b``) and the map with the same spans recomputed in place (``M@b``, the ``transfer``
+path); an ``auto`` item scores exactly what its branch scores, so any rule for the mapped side can
+be scored off-line from those two paths. Per evaluation JSON and map, on the items ``auto`` maps:
+
+- ``map_quote``: the served branch;
+- ``transfer``: every mapped hop recomputes its spans in place instead;
+- ``by kind``: the paraphrases quoted, the whole-context prompts recomputed. An oracle: it reads
+  the item's kind, which no rule at serving time knows; the headroom a rule could buy;
+- ``meaning z >= T``: a rule with no model run. ``meaning z`` is how far the ``meaning`` ranker's
+  best sentence stands above the context's others (``bench.auto_rule``); at or above ``T`` map +
+  quote, below it transfer. ``T`` is fitted on the 1K items (the threshold that misplaces the
+  fewest paraphrase / whole-context items, ties to the lowest), so the 4K rows read it out of
+  sample (other contexts, other depths; the same templates).
+
+Which items ``auto`` maps is read from the evaluation's own ``M+auto@b`` path where it ran, else
+from lexical confidence re-read off the text.
+
+Each prints the paraphrase answers and the whole-context mean per-token KL and top-1 agreement
+against native (the fidelity pass), beside ``quote``'s, on the same items.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.auto_rule import MAP_SIDE, QUOTE_SIDE, probe
+from heterofold.select import GATE
+
+POLICIES = ("map_quote", "transfer", "by kind", "meaning z >= T")
+
+
+def threshold(rows: list[dict[str, Any]]) -> float:
+    """The ``meaning z`` cut that misplaces the fewest paraphrase (wanted at or above) and
+    whole-context (wanted below) items; ties go to the lowest cut."""
+    high = [r["meaning z"] for r in rows if r["kind"] in QUOTE_SIDE]
+    low = [r["meaning z"] for r in rows if r["kind"] in MAP_SIDE]
+    cuts = [*sorted(set(high) | set(low)), float("inf")]
+    return min(cuts, key=lambda t: (sum(h < t for h in high) + sum(v >= t for v in low), t))
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.mean(values), 3) if values else None
+
+
+def branch(
+    result: dict[str, Any], name: str, budget: str, signals: dict[str, dict[str, Any]], cut: float
+) -> dict[str, Any]:
+    """The four policies on one evaluation's mapped side (module docstring)."""
+    per = result["per_item"]
+    rec, mq, quote = per[f"{name}@{budget}"], per[f"{name}+quote@{budget}"], per[f"quote@{budget}"]
+    autos = [p for p in per if p.endswith(f"+auto@{budget}")]
+    if autos:  # the branch the gateway's rule took, as the evaluation recorded it
+        mapped = [i for i in rec if per[autos[0]][i]["via"] == "map_quote"]
+    else:  # the rule's signal re-read off the text (whitespace words for tokens: bench.auto_rule)
+        mapped = [i for i in rec if signals[i]["lexical"] < GATE]
+    choose = {
+        "map_quote": lambda i: mq,
+        "transfer": lambda i: rec,
+        "by kind": lambda i: mq if rec[i]["kind"] in QUOTE_SIDE else rec,
+        "meaning z >= T": lambda i: mq if signals[i]["meaning z"] >= cut else rec,
+    }
+    out: dict[str, Any] = {}
+    for policy, pick in [*choose.items(), ("quote", lambda i: quote)]:
+        scored = {i: pick(i)[i] for i in mapped}
+        answers = [x["correct"] for x in scored.values() if x["correct"] is not None]
+        whole = [x for x in scored.values() if x["kind"] in MAP_SIDE and x.get("kl") is not None]
+        out[policy] = {
+            "answers": sum(answers),
+            "of": len(answers),
+            "whole_kl": _mean([x["kl"] for x in whole]),
+            "whole_top1": _mean([x["top1"] for x in whole]),
+            "n_whole": len(whole),
+            "ttft_ms": round(statistics.median(x["ttft_ms"] for x in scored.values())) if scored else None,
+            "to_transfer": sum(pick(i) is rec for i in mapped) if policy in choose else None,
+        }
+    return {"mapped_items": len(mapped), "kinds": sorted({rec[i]["kind"] for i in mapped}), "policies": out}
+
+
+def run(files: list[Path], budget: str) -> dict[str, Any]:
+    """Every map of every evaluation JSON that ran both ``M@budget`` and ``M+quote@budget``."""
+    base = probe(1024)
+    cut = threshold([r for r in base["items"] if r["kind"] in QUOTE_SIDE + MAP_SIDE])
+    signal_sets: dict[int, dict[str, dict[str, Any]]] = {1024: {r["id"]: r for r in base["items"]}}
+    rows: list[dict[str, Any]] = []
+    for path in files:
+        result = json.loads(path.read_text())
+        per = result["per_item"]
+        if f"quote@{budget}" not in per:
+            continue
+        length = int(next(iter(per["native"])).split("-")[1])
+        if length not in signal_sets:
+            signal_sets[length] = {r["id"]: r for r in probe(length)["items"]}
+        quoted = [p.split("+")[0] for p in per if p.endswith(f"+quote@{budget}")]
+        names = sorted(m for m in quoted if f"{m}@{budget}" in per)
+        for name in names:
+            row = branch(result, name, budget, signal_sets[length], cut)
+            rows.append({"file": path.name, "sender": result["sender"], "receiver": result["receiver"],
+                         "length": length, "map": name, **row})  # fmt: skip
+    return {"budget": budget, "gate": GATE, "meaning_z_cut": cut, "rows": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--budget", default="0.02")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    result = run(args.files, args.budget)
+    print(f"meaning z cut T = {result['meaning_z_cut']} (fitted on the 1K items); budget {result['budget']}")
+    cols = ("direction", "length", "map", "policy", "paraphrase answers", "whole-context KL", "top-1",
+            "median TTFT ms", "to transfer")  # fmt: skip
+    print("| " + " | ".join(cols) + " |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in result["rows"]:
+        d = f"{row['sender'][0]} → {row['receiver'][0]}"
+        for policy, v in row["policies"].items():
+            moved = "" if v["to_transfer"] is None else v["to_transfer"]
+            print(f"| {d} | {row['length']} | {row['map']} | {policy} | {v['answers']}/{v['of']} | {v['whole_kl']} | "
+                  f"{v['whole_top1']} | {v['ttft_ms']} | {moved} |")  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

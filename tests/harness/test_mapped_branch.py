@@ -1,0 +1,44 @@
+"""The mapped-branch probe (bench/mapped_branch.py) on a hand-made evaluation: which path each
+policy scores for each item auto maps, and the threshold fit. No model."""
+
+from typing import Any
+
+from bench.mapped_branch import branch, threshold
+
+
+def score(kind: str, correct: bool | None, kl: float | None, ttft: float) -> dict[str, Any]:
+    return {"kind": kind, "correct": correct, "kl": kl, "top1": None if kl is None else 1 - kl, "ttft_ms": ttft}
+
+
+def evaluation() -> dict[str, Any]:
+    ids = {"look": "passkey", "para": "paraphrase", "sum": "summary", "cont": "continue"}
+    rec = {"look": score("passkey", True, None, 10), "para": score("paraphrase", False, None, 11),
+           "sum": score("summary", None, 0.2, 12), "cont": score("continue", None, 0.1, 13)}  # fmt: skip
+    mq = {"look": score("passkey", True, None, 20), "para": score("paraphrase", True, None, 21),
+          "sum": score("summary", None, 0.4, 22), "cont": score("continue", None, 0.3, 23)}  # fmt: skip
+    quote = {i: score(k, k == "passkey", None if k in ("passkey", "paraphrase") else 0.9, 5) for i, k in ids.items()}
+    auto = {i: {"via": "quote" if i == "look" else "map_quote"} for i in ids}
+    return {"per_item": {"m@0.02": rec, "m+quote@0.02": mq, "quote@0.02": quote, "m+auto@0.02": auto}}
+
+
+def test_each_policy_scores_its_branch_on_the_items_auto_maps() -> None:
+    signals = {"look": {"meaning z": 9.0}, "para": {"meaning z": 5.0}, "sum": {"meaning z": 3.0},
+               "cont": {"meaning z": 6.0}}  # fmt: skip
+    row = branch(evaluation(), "m", "0.02", signals, cut=4.0)
+    assert row["mapped_items"] == 3 and row["kinds"] == ["continue", "paraphrase", "summary"]
+    p = row["policies"]
+    assert (p["map_quote"]["answers"], p["map_quote"]["whole_kl"], p["map_quote"]["to_transfer"]) == (1, 0.35, 0)
+    assert (p["transfer"]["answers"], p["transfer"]["whole_kl"], p["transfer"]["to_transfer"]) == (0, 0.15, 3)
+    assert (p["by kind"]["answers"], p["by kind"]["whole_kl"], p["by kind"]["to_transfer"]) == (1, 0.15, 2)
+    # meaning z: the paraphrase (5) and the continuation (6) stay quoted, the summary (3) is recomputed
+    assert (p["meaning z >= T"]["answers"], p["meaning z >= T"]["whole_kl"]) == (1, 0.25)
+    assert p["meaning z >= T"]["to_transfer"] == 1 and p["quote"]["whole_kl"] == 0.9
+    assert p["transfer"]["ttft_ms"] == 12 and p["map_quote"]["ttft_ms"] == 22  # medians over the mapped items
+
+
+def test_threshold_misplaces_the_fewest_and_takes_the_lowest_such_cut() -> None:
+    rows = [{"kind": "paraphrase", "meaning z": z} for z in (4.0, 5.0)]
+    rows += [{"kind": k, "meaning z": z} for k, z in (("summary", 2.0), ("continue", 3.0))]
+    assert threshold(rows) == 4.0
+    rows.append({"kind": "summary", "meaning z": 4.5})  # now one item is misplaced whatever the cut
+    assert threshold(rows) == 4.0
