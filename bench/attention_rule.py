@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.auto_rule import MAP_SIDE, QUOTE_SIDE, fewest_wrong
+from bench.auto_rule import MAP_SIDE, QUOTE_SIDE, best_cut, fewest_wrong, misplaced, write_result
 from engines.local import LocalEngine
-from engines.selectors import QUESTION_PROMPT, Evidence, _layer_mean, _shifted, _to_receiver, candidates, window
+from engines.selectors import Evidence, SenderAttention, candidates, window
 from engines.zoo import Zoo
 from harness.evaluate import eval_hop
 from heterofold.select import spans_of
@@ -47,14 +46,7 @@ async def signals(sender: LocalEngine, item: Any) -> dict[str, float]:
     """The two signals of one item (module docstring)."""
     hop = await eval_hop(sender, sender, item)
     ev = Evidence(hop, candidates(hop, hop.transferable_prefix()), sender=sender)
-    past = hop.sender_kv
-    asked = sender.encode(QUESTION_PROMPT.format(question=hop.question), add_special_tokens=False).ids
-    weights = await sender.attention([*past.token_ids.tolist(), *asked], past=past)
-    n = past.num_tokens
-    shift = [(s.sender_start, s.receiver_start, s.length) for s in hop.sections]
-    reader = [_shifted(hop.sender_offsets[t], shift) for t in range(n)]
-    per_reader = _layer_mean(weights[:, -1, :n], [t for t, span in enumerate(reader) if span])
-    scores = _to_receiver(reader, per_reader.tolist(), hop.receiver_offsets, ev.candidates)
+    scores = await SenderAttention().token_scores(ev)
     view = spans_of(*window(ev))
     mass = [sum(scores[t] for t in tokens) for tokens in view.tokens if tokens]
     total, spread = sum(mass), statistics.pstdev(mass) if len(mass) > 1 else 0.0
@@ -62,12 +54,6 @@ async def signals(sender: LocalEngine, item: Any) -> dict[str, float]:
         "attention share": round(max(mass) / total, 4) if total else 0.0,
         "attention z": round((max(mass) - statistics.mean(mass)) / spread, 3) if spread else 0.0,
     }
-
-
-def cut(high: list[float], low: list[float]) -> float:
-    """The lowest threshold with the fewest misplaced (``high`` wanted >= t, ``low`` below)."""
-    cuts = [*sorted(set(high) | set(low)), float("inf")]
-    return min(cuts, key=lambda t: (sum(h < t for h in high) + sum(v >= t for v in low), t))
 
 
 def probe(sender: LocalEngine, lengths: list[int]) -> dict[str, Any]:
@@ -83,14 +69,12 @@ def probe(sender: LocalEngine, lengths: list[int]) -> dict[str, Any]:
                 [r[sig] for r in rows if r["length"] == n and r["kind"] in MAP_SIDE])
             for n in lengths
         }  # fmt: skip
-        fitted = cut(*side[lengths[0]])
+        fitted = best_cut(*side[lengths[0]])
         out["signals"][sig] = {
             "fitted_at": lengths[0],
             "threshold": fitted,
             "fewest_wrong": {str(n): fewest_wrong(*side[n]) for n in lengths},
-            "wrong_at_fitted": {
-                str(n): sum(h < fitted for h in side[n][0]) + sum(v >= fitted for v in side[n][1]) for n in lengths
-            },
+            "wrong_at_fitted": {str(n): misplaced(*side[n], fitted) for n in lengths},
             "ranges": {
                 str(n): {k: [min(v), max(v)] for k, v in (("paraphrase", side[n][0]), ("whole-context", side[n][1]))}
                 for n in lengths
@@ -110,10 +94,7 @@ def main() -> None:
     for sig, v in result["signals"].items():
         print(f"{sig}: threshold {v['threshold']} (fitted at {v['fitted_at']}); fewest misplaced {v['fewest_wrong']}; "
               f"misplaced by the fitted threshold {v['wrong_at_fitted']}; ranges {v['ranges']}")  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}")
+    write_result(args.json, result)
 
 
 if __name__ == "__main__":

@@ -51,10 +51,28 @@ def signals(question: str, context: str, vectors: WordVectors) -> dict[str, floa
     }
 
 
-def fewest_wrong(high: list[float], low: list[float]) -> int:
-    """The fewest items any threshold t misplaces, ``high`` wanted >= t and ``low`` below it."""
+def misplaced(high: list[float], low: list[float], t: float) -> int:
+    """How many items the threshold ``t`` misplaces, ``high`` wanted >= t and ``low`` below it."""
+    return sum(h < t for h in high) + sum(v >= t for v in low)
+
+
+def best_cut(high: list[float], low: list[float]) -> float:
+    """The lowest threshold that misplaces the fewest items (``misplaced``)."""
     cuts = [*sorted(set(high) | set(low)), float("inf")]
-    return min(sum(h < t for h in high) + sum(v >= t for v in low) for t in cuts)
+    return min(cuts, key=lambda t: (misplaced(high, low, t), t))
+
+
+def fewest_wrong(high: list[float], low: list[float]) -> int:
+    """The fewest items any threshold misplaces."""
+    return misplaced(high, low, best_cut(high, low))
+
+
+def write_result(path: Path | None, result: dict[str, Any]) -> None:
+    """A probe's result as JSON at ``path`` (its folder made), when one is given."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+        print(f"wrote {path}")
 
 
 def probe(length: int) -> dict[str, Any]:
@@ -85,10 +103,7 @@ def main() -> None:
     print(f"fewest of the {result['pairs']} paraphrase / summary / continue items misplaced by one threshold:")
     for sig, n in result["fewest_wrong"].items():
         print(f"  {sig}: {n}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}")
+    write_result(args.json, result)
 
 
 if __name__ == "__main__":

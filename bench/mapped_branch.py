@@ -36,7 +36,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.auto_rule import MAP_SIDE, QUOTE_SIDE, probe
+from bench.auto_rule import MAP_SIDE, QUOTE_SIDE, best_cut, probe, write_result
 from heterofold.select import GATE
 
 POLICIES = ("map_quote", "transfer", "by kind", "meaning z >= T")
@@ -46,9 +46,7 @@ def threshold(rows: list[dict[str, Any]]) -> float:
     """The ``meaning z`` cut that misplaces the fewest paraphrase (wanted at or above) and
     whole-context (wanted below) items; ties go to the lowest cut."""
     high = [r["meaning z"] for r in rows if r["kind"] in QUOTE_SIDE]
-    low = [r["meaning z"] for r in rows if r["kind"] in MAP_SIDE]
-    cuts = [*sorted(set(high) | set(low)), float("inf")]
-    return min(cuts, key=lambda t: (sum(h < t for h in high) + sum(v >= t for v in low), t))
+    return best_cut(high, [r["meaning z"] for r in rows if r["kind"] in MAP_SIDE])
 
 
 def _mean(values: list[float]) -> float | None:
@@ -130,10 +128,7 @@ def main() -> None:
             moved = "" if v["to_transfer"] is None else v["to_transfer"]
             print(f"| {d} | {row['length']} | {row['map']} | {policy} | {v['answers']}/{v['of']} | {v['whole_kl']} | "
                   f"{v['whole_top1']} | {v['ttft_ms']} | {moved} |")  # fmt: skip
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}")
+    write_result(args.json, result)
 
 
 if __name__ == "__main__":

@@ -163,6 +163,10 @@ class SenderAttention:
     needs_map: bool = False
 
     async def ranker(self, ev: Evidence) -> Ranker:
+        return scored(await self.token_scores(ev))
+
+    async def token_scores(self, ev: Evidence) -> list[float]:
+        """One attention weight per candidate, in order (the module docstring's read-out)."""
         sender, hop = ev.sender, ev.hop
         if sender is None or not hasattr(sender, "attention"):
             raise SelectorUnavailable("sender-attention needs a sender engine that exposes attention (embedded)")
@@ -173,7 +177,7 @@ class SenderAttention:
         shift = [(s.sender_start, s.receiver_start, s.length) for s in hop.sections]
         reader = [_shifted(hop.sender_offsets[t], shift) for t in range(n)]
         per_reader = _layer_mean(weights[:, -1, :n], [t for t, span in enumerate(reader) if span])
-        return scored(_to_receiver(reader, per_reader.tolist(), hop.receiver_offsets, ev.candidates))
+        return _to_receiver(reader, per_reader.tolist(), hop.receiver_offsets, ev.candidates)
 
 
 @dataclass(frozen=True)

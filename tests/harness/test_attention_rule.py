@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from bench.attention_rule import cut, signals
+from bench.attention_rule import signals
+from bench.auto_rule import best_cut
 from heterofold.suite import builtin_suite
 
 pytestmark = pytest.mark.models
@@ -18,6 +19,6 @@ def test_the_best_sentence_holds_at_least_its_share_and_stands_at_or_above_the_m
     assert 1 / sentences <= got["attention share"] <= 1.0 and got["attention z"] > 0.0
 
 
-def test_cut_takes_the_lowest_threshold_that_misplaces_the_fewest() -> None:
-    assert cut([0.3, 0.4], [0.1, 0.2]) == 0.3
-    assert cut([0.1], [0.2]) == 0.1  # every cut but 0.2 misplaces one: the lowest of them
+def test_best_cut_takes_the_lowest_threshold_that_misplaces_the_fewest() -> None:
+    assert best_cut([0.3, 0.4], [0.1, 0.2]) == 0.3
+    assert best_cut([0.1], [0.2]) == 0.1  # every cut but 0.2 misplaces one: the lowest of them
