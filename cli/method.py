@@ -171,7 +171,7 @@ def eval_cmd(
     (harness/evaluate.py)."""
     from engines.local import LocalEngine
     from harness.evaluate import PATH_FAMILIES, evaluate, known_paths
-    from heterofold.adapter import Adapter
+    from heterofold.adapter import MAP_DTYPES, Adapter
     from heterofold.suite import builtin_suite
     from heterofold.tasks import load_jsonl
 
@@ -192,7 +192,7 @@ def eval_cmd(
     except ValueError as exc:
         err.print(f"[red]error:[/red] --budgets {budgets!r}: {exc}")
         raise typer.Exit(2) from exc
-    if map_dtype not in ("host", "float32", "bfloat16"):
+    if map_dtype != "host" and map_dtype not in MAP_DTYPES:
         err.print(f"[red]error:[/red] --map-dtype takes host, float32 or bfloat16, not {map_dtype!r}")
         raise typer.Exit(2)
     if map_dtype != "host":

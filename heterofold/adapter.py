@@ -308,15 +308,18 @@ class Adapter:
         return adapter
 
 
+MAP_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # HETEROFOLD_MAP_DTYPE's values
+
+
 def map_dtype(device: torch.device) -> torch.dtype:
     """The matmul dtype of a map on ``device``: bfloat16 on CUDA and on CPUs with native bfloat16
     dot products (AVX512-BF16 or AMX), float32 elsewhere. A map's own error (held-out R² 0.5-0.7)
     dwarfs bfloat16's rounding (8 bits of mantissa); ``HETEROFOLD_MAP_DTYPE=float32`` forces fp32."""
     forced = os.environ.get("HETEROFOLD_MAP_DTYPE")
     if forced:
-        if forced not in ("float32", "bfloat16"):
+        if forced not in MAP_DTYPES:
             raise AdapterError(f"HETEROFOLD_MAP_DTYPE must be float32 or bfloat16, not {forced!r}")
-        return torch.float32 if forced == "float32" else torch.bfloat16
+        return MAP_DTYPES[forced]
     if device.type == "cuda":
         return torch.bfloat16
     if device.type == "cpu" and torch.cpu._is_avx512_bf16_supported():
