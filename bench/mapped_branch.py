@@ -21,6 +21,12 @@ be scored off-line from those two paths. Per evaluation JSON and map, on the ite
   fewest paraphrase / whole-context items, ties to the lowest), so the 4K rows read it out of
   sample (other contexts, other depths; the same templates).
 
+With ``--confidence FILE`` (a ``bench.branch_confidence`` result: the receiver's first token under
+both branches), a fifth policy on the rows of that file's direction and lengths: ``branch KL rule``,
+map + quote when KL(map + quote || transfer) at the first answer token is on the paraphrases' side
+of the threshold that file fitted on its first length, else transfer. Its signals come from that
+file's own map, fitted with the same recipe as the evaluation's (a refit, not the same bytes).
+
 Which items ``auto`` maps is read from the evaluation's own ``M+auto@b`` path where it ran, else
 from lexical confidence re-read off the text.
 
@@ -40,6 +46,7 @@ from bench.auto_rule import MAP_SIDE, QUOTE_SIDE, best_cut, probe, write_result
 from heterofold.select import GATE
 
 POLICIES = ("map_quote", "transfer", "by kind", "meaning z >= T")
+CONFIDENCE = "branch KL"  # the bench.branch_confidence signal scored as a policy
 
 
 def threshold(rows: list[dict[str, Any]]) -> float:
@@ -54,9 +61,16 @@ def _mean(values: list[float]) -> float | None:
 
 
 def branch(
-    result: dict[str, Any], name: str, budget: str, signals: dict[str, dict[str, Any]], cut: float
+    result: dict[str, Any],
+    name: str,
+    budget: str,
+    signals: dict[str, dict[str, Any]],
+    cut: float,
+    confidence: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The four policies on one evaluation's mapped side (module docstring)."""
+    """The four policies on one evaluation's mapped side (module docstring), and with
+    ``confidence`` (a ``bench.branch_confidence`` result of the same direction and length) the
+    fifth, ``branch KL``."""
     per = result["per_item"]
     rec, mq, quote = per[f"{name}@{budget}"], per[f"{name}+quote@{budget}"], per[f"quote@{budget}"]
     autos = [p for p in per if p.endswith(f"+auto@{budget}")]
@@ -70,6 +84,11 @@ def branch(
         "by kind": lambda i: mq if rec[i]["kind"] in QUOTE_SIDE else rec,
         "meaning z >= T": lambda i: mq if signals[i]["meaning z"] >= cut else rec,
     }
+    if confidence is not None:
+        by_id = {r["id"]: r for r in confidence["items"]}
+        rule = confidence["signals"][CONFIDENCE]
+        sign = 1.0 if rule["paraphrase_side"] == "high" else -1.0
+        choose[f"{CONFIDENCE} rule"] = lambda i: mq if sign * by_id[i][CONFIDENCE] >= sign * rule["threshold"] else rec
     out: dict[str, Any] = {}
     for policy, pick in [*choose.items(), ("quote", lambda i: quote)]:
         scored = {i: pick(i)[i] for i in mapped}
@@ -87,8 +106,11 @@ def branch(
     return {"mapped_items": len(mapped), "kinds": sorted({rec[i]["kind"] for i in mapped}), "policies": out}
 
 
-def run(files: list[Path], budget: str) -> dict[str, Any]:
-    """Every map of every evaluation JSON that ran both ``M@budget`` and ``M+quote@budget``."""
+def run(files: list[Path], budget: str, confidence: list[Path] | None = None) -> dict[str, Any]:
+    """Every map of every evaluation JSON that ran both ``M@budget`` and ``M+quote@budget``;
+    ``confidence``: ``bench.branch_confidence`` results, each scored on the rows of its direction
+    and lengths (its rule as fitted there, on its own map's signals)."""
+    confidences = [json.loads(p.read_text()) for p in confidence or []]
     base = probe(1024)
     cut = threshold([r for r in base["items"] if r["kind"] in QUOTE_SIDE + MAP_SIDE])
     signal_sets: dict[int, dict[str, dict[str, Any]]] = {1024: {r["id"]: r for r in base["items"]}}
@@ -104,7 +126,10 @@ def run(files: list[Path], budget: str) -> dict[str, Any]:
         quoted = [p.split("+")[0] for p in per if p.endswith(f"+quote@{budget}")]
         names = sorted(m for m in quoted if f"{m}@{budget}" in per)
         for name in names:
-            row = branch(result, name, budget, signal_sets[length], cut)
+            direction = (result["sender"], result["receiver"])
+            conf = next((c for c in confidences if (c["sender"], c["receiver"]) == direction
+                         and any(r["length"] == length for r in c["items"])), None)  # fmt: skip
+            row = branch(result, name, budget, signal_sets[length], cut, conf)
             rows.append({"file": path.name, "sender": result["sender"], "receiver": result["receiver"],
                          "length": length, "map": name, **row})  # fmt: skip
     return {"budget": budget, "gate": GATE, "meaning_z_cut": cut, "rows": rows}
@@ -114,9 +139,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--budget", default="0.02")
+    ap.add_argument("--confidence", type=Path, action="append", help="a bench.branch_confidence JSON (repeatable)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    result = run(args.files, args.budget)
+    result = run(args.files, args.budget, args.confidence)
     print(f"meaning z cut T = {result['meaning_z_cut']} (fitted on the 1K items); budget {result['budget']}")
     cols = ("direction", "length", "map", "policy", "paraphrase answers", "whole-context KL", "top-1",
             "median TTFT ms", "to transfer")  # fmt: skip

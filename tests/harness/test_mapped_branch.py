@@ -42,3 +42,15 @@ def test_threshold_misplaces_the_fewest_and_takes_the_lowest_such_cut() -> None:
     assert threshold(rows) == 4.0
     rows.append({"kind": "summary", "meaning z": 4.5})  # now one item is misplaced whatever the cut
     assert threshold(rows) == 4.0
+
+
+def test_the_branch_kl_rule_quotes_the_items_on_the_paraphrase_side_of_its_threshold() -> None:
+    signals = {i: {"meaning z": 0.0} for i in ("look", "para", "sum", "cont")}
+    items = [{"id": i, "branch KL": v} for i, v in (("para", 0.05), ("sum", 0.01), ("cont", 0.2))]
+    low = {"items": items, "signals": {"branch KL": {"paraphrase_side": "low", "threshold": 0.05}}}
+    p = branch(evaluation(), "m", "0.02", signals, cut=4.0, confidence=low)["policies"]["branch KL rule"]
+    # at or below 0.05: the paraphrase and the summary quoted, the continuation recomputed
+    assert (p["answers"], p["whole_kl"], p["to_transfer"]) == (1, 0.25, 1)
+    high = {"items": items, "signals": {"branch KL": {"paraphrase_side": "high", "threshold": 0.1}}}
+    p = branch(evaluation(), "m", "0.02", signals, cut=4.0, confidence=high)["policies"]["branch KL rule"]
+    assert (p["answers"], p["whole_kl"], p["to_transfer"]) == (0, 0.25, 2)  # only the continuation quoted
