@@ -21,10 +21,10 @@ be scored off-line from those two paths. Per evaluation JSON and map, on the ite
   fewest paraphrase / whole-context items, ties to the lowest), so the 4K rows read it out of
   sample (other contexts, other depths; the same templates).
 
-With ``--confidence FILE`` (a ``bench.branch_confidence`` result: the receiver's first token under
-both branches), a fifth policy on the rows of that file's direction and lengths: ``branch KL rule``,
-map + quote when KL(map + quote || transfer) at the first answer token is on the paraphrases' side
-of the threshold that file fitted on its first length, else transfer. Its signals come from that
+With ``--confidence MAP=FILE`` (a ``bench.branch_confidence`` result: the receiver's first token
+under both branches), a fifth policy on map ``MAP``'s rows of that file's direction and lengths:
+``branch KL rule``, map + quote when KL(map + quote || transfer) at the first answer token is on
+the paraphrases' side of the threshold that file fitted on its first length, else transfer. Its signals come from that
 file's own map, fitted with the same recipe as the evaluation's (a refit, not the same bytes).
 
 Which items ``auto`` maps is read from the evaluation's own ``M+auto@b`` path where it ran, else
@@ -106,11 +106,16 @@ def branch(
     return {"mapped_items": len(mapped), "kinds": sorted({rec[i]["kind"] for i in mapped}), "policies": out}
 
 
-def run(files: list[Path], budget: str, confidence: list[Path] | None = None) -> dict[str, Any]:
+def run(files: list[Path], budget: str, confidence: list[str] | None = None) -> dict[str, Any]:
     """Every map of every evaluation JSON that ran both ``M@budget`` and ``M+quote@budget``;
-    ``confidence``: ``bench.branch_confidence`` results, each scored on the rows of its direction
-    and lengths (its rule as fitted there, on its own map's signals)."""
-    confidences = [json.loads(p.read_text()) for p in confidence or []]
+    ``confidence``: ``MAP=FILE``, a ``bench.branch_confidence`` result scored on the rows of map
+    ``MAP`` in its direction and lengths (its rule as fitted there, on its own map's signals)."""
+    confidences = []
+    for spec in confidence or []:
+        name, sep, file = spec.partition("=")
+        if not sep:
+            raise SystemExit(f"--confidence takes MAP=FILE, got {spec!r}")
+        confidences.append({**json.loads(Path(file).read_text()), "map": name})
     base = probe(1024)
     cut = threshold([r for r in base["items"] if r["kind"] in QUOTE_SIDE + MAP_SIDE])
     signal_sets: dict[int, dict[str, dict[str, Any]]] = {1024: {r["id"]: r for r in base["items"]}}
@@ -127,7 +132,7 @@ def run(files: list[Path], budget: str, confidence: list[Path] | None = None) ->
         names = sorted(m for m in quoted if f"{m}@{budget}" in per)
         for name in names:
             direction = (result["sender"], result["receiver"])
-            conf = next((c for c in confidences if (c["sender"], c["receiver"]) == direction
+            conf = next((c for c in confidences if (c["sender"], c["receiver"]) == direction and c["map"] == name
                          and any(r["length"] == length for r in c["items"])), None)  # fmt: skip
             row = branch(result, name, budget, signal_sets[length], cut, conf)
             rows.append({"file": path.name, "sender": result["sender"], "receiver": result["receiver"],
@@ -139,7 +144,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--budget", default="0.02")
-    ap.add_argument("--confidence", type=Path, action="append", help="a bench.branch_confidence JSON (repeatable)")
+    ap.add_argument("--confidence", action="append", metavar="MAP=FILE",
+                    help="a bench.branch_confidence JSON for map MAP's rows (repeatable)")  # fmt: skip
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     result = run(args.files, args.budget, args.confidence)
