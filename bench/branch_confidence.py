@@ -24,7 +24,6 @@ there (in sample). The same templates at both lengths; other contexts and depths
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from pathlib import Path
 from typing import Any
@@ -32,10 +31,10 @@ from typing import Any
 import torch
 
 from bench.auto_rule import MAP_SIDE, QUOTE_SIDE, best_cut, fewest_wrong, misplaced, write_result
+from bench.pair import load_pair, pair_parser
 from engines.local import LocalEngine
 from engines.selectors import make_selector
 from engines.transfer import transfer
-from engines.zoo import Zoo
 from gateway.settings import RoleSettings, TransferPolicy
 from harness.evaluate import ItemRun
 from heterofold.adapter import Adapter
@@ -113,17 +112,12 @@ async def probe(sender: LocalEngine, receiver: LocalEngine, adapter: Adapter, le
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sender")
-    ap.add_argument("receiver")
-    ap.add_argument("adapter", type=Path, help="the adapter folder (the map the mapped branches use)")
+    ap = pair_parser(__doc__, "the adapter folder (the map the mapped branches use)")
     ap.add_argument("--lengths", default="1024,4096")
     ap.add_argument("--budget", type=float, default=0.02)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    zoo = Zoo()
-    s, r = LocalEngine.from_zoo(args.sender, zoo=zoo), LocalEngine.from_zoo(args.receiver, zoo=zoo)
-    adapter = Adapter.load(args.adapter, sender_fingerprint=s.spec.fingerprint, receiver_fingerprint=r.spec.fingerprint)
+    s, r, adapter = load_pair(args)
     result = asyncio.run(probe(s, r, adapter, [int(x) for x in args.lengths.split(",")], args.budget))
     for sig, v in result["signals"].items():
         print(f"{sig}: paraphrases {v['paraphrase_side']}, threshold {v['threshold']:.4g} "

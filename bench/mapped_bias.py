@@ -20,7 +20,6 @@ quote and the map with the spans quoted on the same items.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from bench.mapped_attention import MappedAttention, mapped_positions
+from bench.pair import load_pair, pair_parser
 from engines.local import LocalEngine
 from engines.selectors import make_selector
 from engines.transfer import transfer
@@ -98,17 +98,13 @@ def report(result: dict[str, Any], out: Path | None, width: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sender")
-    ap.add_argument("receiver")
-    ap.add_argument("adapter", type=Path, help="the adapter folder (e.g. a distilled map)")
+    ap = pair_parser(__doc__, "the adapter folder (e.g. a distilled map)")
     ap.add_argument("--betas", default="0,-1,-3,-30")
     ap.add_argument("--budget", type=float, default=0.02)
     ap.add_argument("--every", type=int, default=1, help="every n-th builtin item")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    s, r = LocalEngine.from_zoo(args.sender), LocalEngine.from_zoo(args.receiver)
-    adapter = Adapter.load(args.adapter, sender_fingerprint=s.spec.fingerprint, receiver_fingerprint=r.spec.fingerprint)
+    s, r, adapter = load_pair(args)
     betas = [float(b) for b in args.betas.split(",")]
     result = asyncio.run(probe(s, r, adapter, betas, args.budget, args.every))
     print(f"{args.sender} -> {args.receiver}, {result['items']} items, selector {result['selector']}")

@@ -35,7 +35,6 @@ scoring), per kind, on the same items and the same map-only cache for every row.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
@@ -45,6 +44,7 @@ from typing import Any
 import torch
 
 from bench.mapped_bias import report, summary_by_kind
+from bench.pair import load_pair, pair_parser
 from engines.local import LocalEngine
 from engines.selectors import make_selector
 from engines.transfer import transfer
@@ -226,10 +226,7 @@ async def probe(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sender")
-    ap.add_argument("receiver")
-    ap.add_argument("adapter", type=Path, help="the adapter folder whose map is probed")
+    ap = pair_parser(__doc__, "the adapter folder whose map is probed")
     ap.add_argument("--every", type=int, default=1, help="every n-th builtin item")
     ap.add_argument("--kinds", default=None, help="comma-separated builtin kinds (default: all)")
     ap.add_argument(
@@ -248,8 +245,7 @@ def main() -> None:
     ap.add_argument("--norms", action="store_true", help="rows that re-lengthen the mapped rows (k:norm, ...)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    s, r = LocalEngine.from_zoo(args.sender), LocalEngine.from_zoo(args.receiver)
-    adapter = Adapter.load(args.adapter, sender_fingerprint=s.spec.fingerprint, receiver_fingerprint=r.spec.fingerprint)
+    s, r, adapter = load_pair(args)
     kinds = tuple(args.kinds.split(",")) if args.kinds else None
     errors = [float(e) for e in args.errors.split(",") if e]
     only = set(args.rows.split(",")) if args.rows else None
