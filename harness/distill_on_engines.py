@@ -77,9 +77,9 @@ async def _native_doc(receiver: LocalEngine, adapter: Adapter, hop: HopText, ans
     prefix = hop.transferable_prefix()
     src = hop.source(prefix)
     dense, _ = await receiver.prefill(r_ids[:prefix], dense=True)
-    full, _ = await receiver.prefill(r_ids[:-1])
-    answer = list((await receiver.complete(r_ids, SamplingParams(max_tokens=answer_tokens), past=full)).token_ids)
-    native = await receiver.score(r_ids + answer, past=dense.windowed(receiver.spec.windows))  # (S, V)
+    past = dense.windowed(receiver.spec.windows)  # the context once: the answer and its scores continue from it
+    answer = list((await receiver.complete(r_ids, SamplingParams(max_tokens=answer_tokens), past=past)).token_ids)
+    native = await receiver.score(r_ids + answer, past=past)  # (S, V)
     q = len(r_ids) - prefix  # suffix index of the first answer token
     rows = slice(q - 1, q - 1 + len(answer))
     x_k, x_v, aligned, z = doc_features(adapter, hop.sender_kv, src, dense.token_ids, receiver.token_embeddings())

@@ -8,7 +8,7 @@ import torch
 
 from engines.selectors import LEXICAL, Evidence, candidates, select
 from harness.evaluate import eval_hop, evaluate
-from heterofold.adapter import Adapter, Side
+from heterofold.adapter import Adapter, Manifest, Side
 from heterofold.corpus import stdlib_text
 from heterofold.select import elide
 from heterofold.suite import builtin_suite
@@ -119,6 +119,27 @@ def test_distillation_steps_lower_the_answer_kl_of_a_noised_map(load_engine, gat
     assert m["held_out_answer_kl_after_distill"] < 0.9 * m["held_out_answer_kl_before_distill"]
     assert m["distill_best_step"] in (3, 6) and out.manifest.method == "distilled"
     assert out.manifest.fit["gates"] is gates and out.manifest.fit["clip"] == clip
+
+
+def test_a_documents_answer_and_target_are_the_receivers_own_from_scratch(load_engine) -> None:  # type: ignore[no-untyped-def]
+    """The answer and its scores continue from the context's one dense prefill: they must equal a
+    greedy answer and teacher-forced scores computed from scratch, past gemma3's sliding window."""
+    from engines.base import SamplingParams
+    from harness.distill_on_engines import build_docs
+
+    engine = load_engine("gemma3-270m")
+    side, identity = Side.of(engine.spec), Adapter.identity(Side.of(engine.spec))
+    full = engine.spec.windows.index(0)  # the map reads a full-attention sender layer: it holds every token
+    adapter = Adapter(Manifest("identity", "t", side, side, tuple((full,) for _ in identity.maps)), identity.maps)
+    ((doc,),) = run(build_docs(engine, engine, adapter, [stdlib_text(3000, start=5)], budgets=(0.0,), answer_tokens=8))
+    assert len(doc.token_ids) > max(engine.spec.windows)  # the sliding layers drop part of the context
+    n_answer = doc.answer_rows.stop - doc.answer_rows.start
+    r_ids = doc.token_ids.tolist() + doc.suffix[: len(doc.suffix) - n_answer].tolist()
+    fresh = run(engine.complete(r_ids, SamplingParams(max_tokens=8)))
+    assert doc.suffix[len(doc.suffix) - n_answer :].tolist() == list(fresh.token_ids)
+    scores = run(engine.score(r_ids + list(fresh.token_ids)))  # every position's logits, no past
+    rows = scores[len(r_ids) - 1 : len(r_ids) - 1 + n_answer]
+    assert torch.allclose(doc.target, torch.log_softmax(rows.float(), -1), atol=2e-3)
 
 
 def test_quote_documents_map_the_whole_context_and_quote_the_choice_after_it(load_engine) -> None:  # type: ignore[no-untyped-def]
