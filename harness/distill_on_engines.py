@@ -69,14 +69,19 @@ def _question(rng: random.Random, context: str) -> str:
     return QUESTIONS[0]
 
 
-async def _native_doc(receiver: LocalEngine, adapter: Adapter, hop: HopText, answer_tokens: int) -> DistillDoc:
+async def _native_doc(
+    receiver: LocalEngine, adapter: Adapter, hop: HopText, answer_tokens: int, dense: KVCache | None = None
+) -> DistillDoc:
     """A document over ``hop``'s receiver prompt: every aligned context token up to the
     transferable prefix mapped, the rest of the prompt and the receiver's native greedy answer as
-    the suffix, and native's log-probabilities over that answer as the target."""
+    the suffix, and native's log-probabilities over that answer as the target. ``dense``: a dense
+    native prefill made already (another hop's over the same context), used when its tokens are
+    exactly this hop's prefix."""
     r_ids = list(hop.receiver_ids)
     prefix = hop.transferable_prefix()
     src = hop.source(prefix)
-    dense, _ = await receiver.prefill(r_ids[:prefix], dense=True)
+    if dense is None or dense.token_ids.tolist() != r_ids[:prefix]:
+        dense, _ = await receiver.prefill(r_ids[:prefix], dense=True)
     past = dense.windowed(receiver.spec.windows)  # the context once: the answer and its scores continue from it
     answer = list((await receiver.complete(r_ids, SamplingParams(max_tokens=answer_tokens), past=past)).token_ids)
     native = await receiver.score(r_ids + answer, past=past)  # (S, V)
@@ -133,7 +138,8 @@ async def build_docs(
         hop = await eval_hop(sender, receiver, TaskItem(f"fit-{n}", context, question, "-"))
         prefix = hop.transferable_prefix()
         ev = Evidence(hop, candidates(hop, prefix))
-        plain = await _native_doc(receiver, adapter, hop, answer_tokens)
+        context_kv, _ = await receiver.prefill(hop.receiver_ids[:prefix], dense=True)  # shared by the quoted hop
+        plain = await _native_doc(receiver, adapter, hop, answer_tokens, context_kv)
         docs = []
         for b in budgets:
             chosen = (await select(LEXICAL, ev, b)).positions if b else []
@@ -141,7 +147,7 @@ async def build_docs(
                 docs.append(plain)
             elif path == "quote":
                 docs.append(await _native_doc(receiver, adapter, quoted_hop(receiver, hop, context, question, chosen),
-                                              answer_tokens))  # fmt: skip
+                                              answer_tokens, context_kv))  # fmt: skip
             else:
                 docs.append(keep_native(plain, chosen))
         out.append(docs)

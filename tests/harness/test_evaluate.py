@@ -155,6 +155,8 @@ def test_quote_documents_map_the_whole_context_and_quote_the_choice_after_it(loa
     ((_, recomputed),) = run(build_docs(engine, engine, identity, [context], budgets=(0.0, 0.05), answer_tokens=8))
     # recompute keeps the chosen tokens native; quote maps every aligned token and quotes them instead
     assert len(recomputed.mapped) < len(plain.mapped) == len(quoted.mapped)
+    # the quoted prompt starts with the same context: its native context is the plain one's prefill, not a second
+    assert torch.equal(quoted.token_ids, plain.token_ids) and quoted.native_k[0] is plain.native_k[0]
     suffix = engine.tokenizer.decode(quoted.suffix.tolist())
     head = engine.tokenizer.decode(plain.suffix.tolist())
     assert len(quoted.suffix) > len(plain.suffix) and "Question:" in suffix and "Question:" in head
