@@ -70,17 +70,17 @@ def _question(rng: random.Random, context: str) -> str:
 
 
 async def _native_doc(
-    receiver: LocalEngine, adapter: Adapter, hop: HopText, answer_tokens: int, dense: KVCache | None = None
+    receiver: LocalEngine, adapter: Adapter, hop: HopText, answer_tokens: int, dense: KVCache
 ) -> DistillDoc:
     """A document over ``hop``'s receiver prompt: every aligned context token up to the
     transferable prefix mapped, the rest of the prompt and the receiver's native greedy answer as
-    the suffix, and native's log-probabilities over that answer as the target. ``dense``: a dense
-    native prefill made already (another hop's over the same context), used when its tokens are
-    exactly this hop's prefix."""
+    the suffix, and native's log-probabilities over that answer as the target. ``dense``: the
+    dense native prefill of the context already made, used when its tokens are exactly this hop's
+    prefix (else this hop's own prefix is prefilled)."""
     r_ids = list(hop.receiver_ids)
     prefix = hop.transferable_prefix()
     src = hop.source(prefix)
-    if dense is None or dense.token_ids.tolist() != r_ids[:prefix]:
+    if dense.token_ids.tolist() != r_ids[:prefix]:
         dense, _ = await receiver.prefill(r_ids[:prefix], dense=True)
     past = dense.windowed(receiver.spec.windows)  # the context once: the answer and its scores continue from it
     answer = list((await receiver.complete(r_ids, SamplingParams(max_tokens=answer_tokens), past=past)).token_ids)

@@ -128,7 +128,8 @@ def test_a_documents_answer_and_target_are_the_receivers_own_from_scratch(load_e
     from harness.distill_on_engines import build_docs
 
     engine = load_engine("gemma3-270m")
-    side, identity = Side.of(engine.spec), Adapter.identity(Side.of(engine.spec))
+    side = Side.of(engine.spec)
+    identity = Adapter.identity(side)
     full = engine.spec.windows.index(0)  # the map reads a full-attention sender layer: it holds every token
     adapter = Adapter(Manifest("identity", "t", side, side, tuple((full,) for _ in identity.maps)), identity.maps)
     ((doc,),) = run(build_docs(engine, engine, adapter, [stdlib_text(3000, start=5)], budgets=(0.0,), answer_tokens=8))

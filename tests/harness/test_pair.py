@@ -1,6 +1,7 @@
 """The probes' shared preamble (bench/pair.py): the three positionals, and a map that does not
 belong to the named pair refused before any probe runs."""
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -27,5 +28,7 @@ def test_load_pair_checks_the_adapter_against_both_models(load_engine, tmp_path:
     s, r, adapter = load_pair(ap.parse_args([spec.name, spec.name, str(tmp_path)]))
     assert s.spec.fingerprint == r.spec.fingerprint == spec.fingerprint
     assert adapter.manifest.version == "identity"
+    for engine in (s, r):  # load_pair's own engines, not the fixture's
+        asyncio.run(engine.aclose())
     with pytest.raises(FingerprintMismatch):
         load_pair(ap.parse_args([spec.name, "gemma3-270m", str(tmp_path)]))
