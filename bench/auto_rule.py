@@ -13,6 +13,9 @@ item, the signals a rule could read with no model run:
   mean) / standard deviation of its sentence scores: one sentence that means what the question
   asks, against a question that matches a little of everything;
 - ``meaning top/2nd``: the best sentence's score over the second's;
+- ``request detail``: ``engines.request_kind``'s probability that the request asks for one detail
+  (the question alone, no context; a classifier fitted on generic requests, not on these items:
+  the served rule reads it at 0.5, not at a threshold fitted here);
 
 then, per signal, the fewest paraphrase vs summary/continue items that any one threshold puts on
 the wrong side (0: the signal separates them on these items). Sentences and words come from the
@@ -30,15 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from engines.lexicon import lexicon
+from engines.request_kind import RequestKind, request_kind
 from heterofold.select import WordVectors, lexical, meaning, spans_of
 from heterofold.suite import builtin_suite
 
-SIGNALS = ("lexical", "meaning z", "meaning top/2nd")
+SIGNALS = ("lexical", "meaning z", "meaning top/2nd", "request detail")
 QUOTE_SIDE, MAP_SIDE = ("paraphrase",), ("summary", "continue")
 
 
-def signals(question: str, context: str, vectors: WordVectors) -> dict[str, float]:
-    """The three signals of one question over one context (module docstring)."""
+def signals(question: str, context: str, vectors: WordVectors, kind: RequestKind | None = None) -> dict[str, float]:
+    """The signals of one question over one context (module docstring); ``request detail`` only
+    with the request classifier ``kind``."""
     view = spans_of(context, [(m.start(), m.end()) for m in re.finditer(r"\S+", context)])
     ranking = meaning(question, vectors)(view)
     scores = sorted(ranking.scores or [0.0], reverse=True)
@@ -48,7 +53,7 @@ def signals(question: str, context: str, vectors: WordVectors) -> dict[str, floa
         "lexical": round(lexical(question)(view).confidence or 0.0, 3),
         "meaning z": round((scores[0] - statistics.mean(scores)) / spread, 2) if spread else 0.0,
         "meaning top/2nd": round(scores[0] / second, 3) if second > 0 else 0.0,
-    }
+    } | ({} if kind is None else {"request detail": round(kind.p_detail(question), 3)})
 
 
 def misplaced(high: list[float], low: list[float], t: float) -> int:
@@ -77,9 +82,10 @@ def write_result(path: Path | None, result: dict[str, Any]) -> None:
 
 def probe(length: int) -> dict[str, Any]:
     vectors = lexicon()
+    kind = request_kind(vectors)
     rows: list[dict[str, Any]] = []
     for item in builtin_suite(lengths=(length,), per_cell=1):
-        rows.append({"id": item.id, "kind": item.kind, **signals(item.question, item.context, vectors)})
+        rows.append({"id": item.id, "kind": item.kind, **signals(item.question, item.context, vectors, kind)})
     by_kind: dict[str, dict[str, list[float]]] = {}
     for row in rows:
         for sig in SIGNALS:

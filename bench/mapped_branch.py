@@ -19,7 +19,12 @@ be scored off-line from those two paths. Per evaluation JSON and map, on the ite
   best sentence stands above the context's others (``bench.auto_rule``); at or above ``T`` map +
   quote, below it transfer. ``T`` is fitted on the 1K items (the threshold that misplaces the
   fewest paraphrase / whole-context items, ties to the lowest), so the 4K rows read it out of
-  sample (other contexts, other depths; the same templates).
+  sample (other contexts, other depths; the same templates);
+- ``request: quote / transfer``: ``engines.request_kind`` reads the request alone; one that asks for
+  a detail is quoted (``quote``, no map), any other recomputes in place (``transfer``). The
+  classifier is fitted on generic requests (``engines.request_examples``) and read at 0.5: nothing
+  here is fitted on these items;
+- ``request: map + quote / transfer``: the same split, the details to map + quote.
 
 With ``--confidence MAP=FILE`` (a ``bench.branch_confidence`` result: the receiver's first token
 under both branches), a fifth policy on map ``MAP``'s rows of that file's direction and lengths:
@@ -27,8 +32,9 @@ under both branches), a fifth policy on map ``MAP``'s rows of that file's direct
 the paraphrases' side of the threshold that file fitted on its first length, else transfer. Its signals come from that
 file's own map, fitted with the same recipe as the evaluation's (a refit, not the same bytes).
 
-Which items ``auto`` maps is read from the evaluation's own ``M+auto@b`` path where it ran, else
-from lexical confidence re-read off the text.
+Which items lexical confidence leaves to the mapped side (the hops these policies decide) is read
+from the evaluation's own ``M+auto@b`` path where it ran (its ``named``, or in runs before the request
+classifier its ``via``), else from lexical confidence re-read off the text.
 
 Each prints the paraphrase answers and the whole-context mean per-token KL and top-1 agreement
 against native (the fidelity pass), beside ``quote``'s, on the same items.
@@ -45,7 +51,9 @@ from typing import Any
 from bench.auto_rule import MAP_SIDE, QUOTE_SIDE, best_cut, probe, write_result
 from heterofold.select import GATE
 
-POLICIES = ("map_quote", "transfer", "by kind", "meaning z >= T")
+POLICIES = ("map_quote", "transfer", "by kind", "meaning z >= T", "request: quote / transfer",
+            "request: map + quote / transfer")  # fmt: skip
+DETAIL = 0.5  # engines.request_kind's cut, as served
 CONFIDENCE = "branch KL"  # the bench.branch_confidence signal scored as a policy
 
 
@@ -68,14 +76,16 @@ def branch(
     cut: float,
     confidence: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The four policies on one evaluation's mapped side (module docstring), and with
+    """The six policies on one evaluation's mapped side (module docstring), and with
     ``confidence`` (a ``bench.branch_confidence`` result of the same direction and length) the
     fifth, ``branch KL``."""
     per = result["per_item"]
     rec, mq, quote = per[f"{name}@{budget}"], per[f"{name}+quote@{budget}"], per[f"quote@{budget}"]
     autos = [p for p in per if p.endswith(f"+auto@{budget}")]
-    if autos:  # the branch the gateway's rule took, as the evaluation recorded it
-        mapped = [i for i in rec if per[autos[0]][i]["via"] == "map_quote"]
+    if autos:  # the lexical rule's side, as the evaluation recorded it (older runs: no "named", via map_quote)
+        took = per[autos[0]]
+        mapped = [i for i in rec if not took[i]["named"]] if "named" in took[next(iter(took))] else [
+            i for i in rec if took[i]["via"] == "map_quote"]  # fmt: skip
     else:  # the rule's signal re-read off the text (whitespace words for tokens: bench.auto_rule)
         mapped = [i for i in rec if signals[i]["lexical"] < GATE]
     choose = {
@@ -83,6 +93,8 @@ def branch(
         "transfer": lambda i: rec,
         "by kind": lambda i: mq if rec[i]["kind"] in QUOTE_SIDE else rec,
         "meaning z >= T": lambda i: mq if signals[i]["meaning z"] >= cut else rec,
+        "request: quote / transfer": lambda i: quote if signals[i]["request detail"] >= DETAIL else rec,
+        "request: map + quote / transfer": lambda i: mq if signals[i]["request detail"] >= DETAIL else rec,
     }
     if confidence is not None:
         by_id = {r["id"]: r for r in confidence["items"]}

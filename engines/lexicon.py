@@ -46,6 +46,11 @@ class Lexicon:
             mean += table[start : start + 16384].astype(np.float64).sum(0)
         self._mean = torch.from_numpy(mean / table.shape[0]).float()
 
+    @property
+    def dim(self) -> int:
+        """The width of a word vector."""
+        return len(self._mean)
+
     @classmethod
     def from_zoo(cls, zoo: Zoo | None = None, name: str = EMBEDDER) -> Lexicon:
         zoo = zoo or Zoo()

@@ -44,12 +44,13 @@ import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import torch
 
 from engines.base import Engine
 from engines.lexicon import LexiconUnavailable, lexicon, use_zoo
+from engines.request_kind import request_kind
 from engines.zoo import Zoo
 from heterofold.align import Section, align_tokens
 from heterofold.errors import HeteroFoldError
@@ -318,15 +319,18 @@ def make_selector(name: str) -> Selector:
     return BASIC[name] if len(names) == 1 else Union(tuple(BASIC[n] for n in names))
 
 
-def warm(name: str, zoo: Zoo | None = None) -> None:
+def warm(name: str, zoo: Zoo | None = None, *, auto: bool = False) -> None:
     """Load what selector ``name`` reads lazily (the meaning selector's table, about 3 s) now, so no
-    hop or timed item pays for it; a table that is missing is left to the hop to report. ``zoo``:
-    where the table is read from, for every later hop too (default ``Zoo()``)."""
+    hop or timed item pays for it; with ``auto``, the ``auto`` path's request classifier too (the
+    same table, and its fit, about 0.2 s). A table that is missing is left to the hop to report.
+    ``zoo``: where the table is read from, for every later hop too (default ``Zoo()``)."""
     if zoo is not None:
         use_zoo(zoo)
-    if "meaning" in name.replace("|", "+").replace("/", "+").split("+"):
+    if "meaning" in name.replace("|", "+").replace("/", "+").split("+") or auto:
         with contextlib.suppress(LexiconUnavailable):
             lexicon()
+            if auto:
+                request_kind()
 
 
 @dataclass(frozen=True)
@@ -385,6 +389,28 @@ def names_its_sentence(ev: Evidence) -> bool:
     below ``GATE`` (a paraphrase, "summarize this", "go on") the mapped context carries what the
     spans miss (BENCHMARKS.md, "One path per hop"). The ``auto`` path's rule (gateway/hop.py)."""
     return lexical_confidence(ev) >= GATE
+
+
+def auto_path(ev: Evidence) -> Literal["quote", "transfer", "map_quote"]:
+    """The ``auto`` path's choice for a hop (gateway/hop.py), no model run:
+
+    - ``quote`` when the question names the sentence that answers it (``names_its_sentence``), or
+      when it asks for one detail of the document though naming no sentence, a paraphrased
+      look-up (``engines.request_kind``: a classifier on the request's word vectors, fitted on
+      generic requests): quoting answers those best, and fastest;
+    - ``transfer`` otherwise ("summarize", "go on"): the mapped context with the spans recomputed
+      in place carries the whole context closest to native (BENCHMARKS.md, "Should `auto`'s mapped
+      branch quote?");
+    - ``map_quote`` when the classifier's word table is not in the zoo cache (the rule before it:
+      every hop that names no sentence is mapped, with its spans quoted).
+    """
+    if names_its_sentence(ev):
+        return "quote"
+    try:
+        kind = request_kind()
+    except LexiconUnavailable:
+        return "map_quote"
+    return "quote" if kind.asks_for_a_detail(ev.hop.question) else "transfer"
 
 
 def window(ev: Evidence) -> tuple[str, list[tuple[int, int]]]:

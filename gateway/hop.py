@@ -17,9 +17,10 @@
    - ``quote``: no KV at all: the shared text of the earlier messages is cut down to the chosen
      spans (``heterofold.select.elide``) and the shorter prompt is prefilled natively;
    - ``auto``: ``quote`` when the new message names the sentence that answers it (lexical
-     confidence, ``engines.selectors.names_its_sentence``: a look-up), else ``map_quote`` (a
-     paraphrase, a summary, a continuation: the mapped context carries what the spans miss).
-     ``HopPlan.path`` says which ran.
+     confidence, ``engines.selectors.names_its_sentence``) or asks for one detail in other words
+     (a paraphrased look-up, ``engines.request_kind``), else ``transfer`` (a summary, a
+     continuation: the mapped context with the spans recomputed in place carries what the spans
+     miss); ``engines.selectors.auto_path``. ``HopPlan.path`` says which ran.
    The quote paths change the prompt the engine runs (``HopPlan.prompt``).
 3. ``native`` otherwise.
 
@@ -40,7 +41,7 @@ from typing import Literal
 
 from engines.base import Engine, Timings
 from engines.errors import EngineBusy, EngineError, KVMismatch
-from engines.selectors import Evidence, HopText, Selector, candidates, make_selector, names_its_sentence, select
+from engines.selectors import Evidence, HopText, Selector, auto_path, candidates, make_selector, select
 from engines.transfer import TransferResult, transfer
 from gateway.background import Background
 from gateway.conversations import Conversations, Turn
@@ -92,9 +93,8 @@ class Hop:
         measured best for the engine kind (BENCHMARKS.md, "One path per hop" and "Does the mapped
         cache carry the context?"): ``quote`` on an engine that cannot recompute in place
         (SGLang); on one that can, ``transfer`` between roles on one model (the identity map is
-        exact) and ``auto`` across families (quote's look-ups and TTFT, map + quote's
-        whole-context fidelity: ``map_quote`` answered more look-ups than the same map with the
-        spans recomputed, and quote alone more than either)."""
+        exact) and ``auto`` across families (quote's look-ups and TTFT, the mapped context's
+        whole-context fidelity: ``engines.selectors.auto_path``)."""
         if self.policy.path is not None:
             return self.policy.path
         if not self.engine.recomputes_in_place:
@@ -288,7 +288,7 @@ class HopPlanner:
         ev = self.evidence(hop, inputs) if path != "transfer" else None  # built once for the quote paths
         if path == "auto":
             assert ev is not None
-            path = "quote" if names_its_sentence(ev) else "map_quote"
+            path = auto_path(ev)
         if path == "quote":
             assert ev is not None
             return await self._quote(hop, inputs, ev)

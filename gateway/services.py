@@ -96,8 +96,9 @@ async def build_services(settings: Settings, *, pool: EnginePool | None = None) 
         return p.engine if p else None
 
     for role in settings.roles.values():  # the meaning selector's table, read from the gateway's zoo
+        auto = role.policy.path in (None, "auto")  # the auto path's request classifier reads it too
         for name in {role.policy.selector, *role.policy.sender_selectors.values()}:
-            await asyncio.to_thread(warm, name, Zoo(settings.cache_dir))
+            await asyncio.to_thread(warm, name, Zoo(settings.cache_dir), auto=auto)
     scout = next((p.engine for p in pool if p.engine.spec.name == SCOUT and hasattr(p.engine, "attention")),
                  None)  # fmt: skip
     planner = HopPlanner(store=store, conversations=conversations, resolver=resolver, fallbacks=fallbacks,

@@ -75,9 +75,10 @@ class TransferPolicy(_Section):
     shared context's tokens that ``selector`` (``engines/selectors.py``) chooses for the new
     message: recomputed natively (path ``transfer``) or quoted as text (``map_quote``, ``quote``).
     ``path`` names the cross-model path (gateway/hop.py); ``auto`` picks per hop, ``quote`` when
-    the new message names the sentence that answers it (``engines.selectors.names_its_sentence``),
-    else ``map_quote``. Unset, on an engine that recomputes in place it is ``auto`` across families
-    and ``transfer`` between roles on one model, and ``quote`` on one that cannot (SGLang).
+    the new message names the sentence that answers it or asks for one detail in other words,
+    else ``transfer`` (``engines.selectors.auto_path``). Unset, on an engine that recomputes in
+    place it is ``auto`` across families and ``transfer`` between roles on one model, and
+    ``quote`` on one that cannot (SGLang).
     ``sender_selectors`` names another selector for hops from a given engine (by its key under
     ``engines``): how well a selector that reads the sender chooses depends on the sender.
     ``min_uncached_tokens`` is how long the prefix left after same-model reuse must be before a

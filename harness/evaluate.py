@@ -22,9 +22,11 @@ Paths (``PATH_FAMILIES``; ``paths=`` runs a subset, native always runs):
   with the suffix: the whole context as KV and the selected sentences as text (a path any engine
   that imports a prefix can run, SGLang included);
 - ``{method}+auto@b``: the gateway's ``auto`` path, decided per item as the gateway decides it
-  (``engines.selectors.names_its_sentence``: lexical's confidence in one sentence): ``quote@b``
-  when the question names its sentence, else ``{method}+quote@b``; run afresh (its own TTFT, the
-  decision's time included), with the branch taken in the item's ``via``.
+  (``engines.selectors.auto_path``): ``quote@b`` when the question names its sentence (lexical's
+  confidence in one sentence) or asks for one detail (``engines.request_kind``), else
+  ``{method}@b`` (``transfer``; ``{method}+quote@b`` with no request classifier); run afresh (its
+  own TTFT, the decision's time included), with the branch taken in the item's ``via`` and
+  whether lexical named the sentence in ``named``.
 Every transfer path also recomputes the receiver tokens without a sender token (BOS, template).
 
 Items are of two metrics (``TaskItem.metric``). ``answer`` items are scored by accuracy, plus
@@ -63,6 +65,7 @@ from engines.selectors import (
     HopText,
     Selection,
     Selector,
+    auto_path,
     candidates,
     make_selector,
     names_its_sentence,
@@ -97,7 +100,8 @@ class Score:
     top1: float | None = None
     kl: float | None = None  # mean per-token KL over native's answer
     answer_tokens: int = 0  # length of native's answer, the teacher-forced span
-    via: str | None = None  # the auto path: the path it took ("quote" or "map_quote")
+    via: str | None = None  # the auto path: the path it took ("quote", "transfer" or "map_quote")
+    named: bool | None = None  # the auto path: lexical named the answering sentence
 
 
 @dataclass
@@ -183,7 +187,7 @@ async def evaluate(
         raise ValueError(f"unknown paths {sorted(unknown)}: choose from {known}")
     sweep = sorted(set(budgets) | {budget})
     chooser = make_selector(selector)
-    warm(selector)  # a table read lazily loads before any item is timed
+    warm(selector, auto=any("+auto" in p for p in wanted))  # tables read lazily load before any item is timed
     if chooser.needs_map and served not in adapters:
         raise ValueError(f"selector {selector} reads the mapped cache: give the served adapter {served!r}")
     stats: dict[str, PathStats] = {}
@@ -321,18 +325,24 @@ class ItemRun:
         return list(self.receiver.encode(text).ids), select_ms
 
     async def auto(self, stats: dict[str, PathStats], name: str, adapter: Adapter, b: float) -> None:
-        """The gateway's ``auto`` path (module docstring): quote, or the map with the spans quoted."""
+        """The gateway's ``auto`` path (module docstring): quote, the map with the spans
+        recomputed in place, or (with no request classifier) the map with the spans quoted."""
         t0 = time.perf_counter()
-        sure = names_its_sentence(self.evidence)
+        via = auto_path(self.evidence)
         decide_ms = (time.perf_counter() - t0) * 1000
         path = f"{name}+auto@{b:g}"
-        if sure:
+        if via == "quote":
             ids, select_ms = await self.quote_ids(b)
             await self.run_path(stats, path, ids, None, decide_ms + select_ms)
+        elif via == "transfer":
+            sel = await self.chosen(b)
+            tr = await transfer(adapter, self.hop, self.receiver, selection=sel, tail=self.tail)
+            await self.run_path(stats, path, self.r_ids, tr.kv, decide_ms + sel.ms + tr.total_ms)
         else:
             ids, _, tr, select_ms = await self.quoted_transfer(adapter, b)
             await self.run_path(stats, path, ids, tr.kv, decide_ms + select_ms + tr.total_ms)
-        stats[path].scores[self.item.id].via = "quote" if sure else "map_quote"
+        score = stats[path].scores[self.item.id]
+        score.via, score.named = via, names_its_sentence(self.evidence)
 
     async def recompute_only(self, stats: dict[str, PathStats], b: float) -> None:
         sel = await self.chosen(b)
@@ -443,7 +453,7 @@ def _report(
         "by_kind": by_kind,
         "map_adds": _map_adds(stats, adapters),
         "auto_via": {  # per auto path: how many items took each branch
-            p: {via: sum(x.via == via for x in s.scores.values()) for via in ("quote", "map_quote")}
+            p: {via: sum(x.via == via for x in s.scores.values()) for via in ("quote", "transfer", "map_quote")}
             for p, s in stats.items()
             if "+auto@" in p
         },

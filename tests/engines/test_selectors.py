@@ -11,11 +11,14 @@ from typing import Any
 import pytest
 import torch
 
+from engines import selectors
+from engines.lexicon import LexiconUnavailable
 from engines.selectors import (
     SELECTORS,
     Evidence,
     HopText,
     SelectorUnavailable,
+    auto_path,
     candidates,
     lexical_confidence,
     make_selector,
@@ -28,6 +31,7 @@ from heterofold.align import Section, shared_sections
 from heterofold.corpus import stdlib_text
 from heterofold.select import GATE, QUOTE_SEPARATOR, answer_recall
 from heterofold.suite import builtin_suite
+from heterofold.suite_kinds import CONTINUE_QUESTION, SUMMARY_QUESTION
 
 pytestmark = pytest.mark.models
 SMOL, GEMMA, QWEN = "smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct"
@@ -296,3 +300,28 @@ def test_auto_quotes_a_look_up_and_maps_the_rest(load_engine: Any) -> None:
         named.append(names_its_sentence(Evidence(p_hop, candidates(p_hop, p_hop.transferable_prefix()))))
     assert named == [False] * 5  # no paraphrase shares its rare words with the sentence that answers it
     assert lexical_confidence(replace(ev, candidates=[])) == 0.0
+
+
+def test_auto_path_quotes_details_and_recomputes_the_rest_in_place(load_engine: Any, monkeypatch: Any) -> None:
+    """``auto_path``: a look-up that names its sentence and a paraphrased one (a detail in other
+    words, ``engines.request_kind``) are quoted; "summarize" and "continue" name no sentence and
+    ask for no detail: the map with the spans recomputed in place. Without the classifier's word
+    table, the rule before it: every hop that names no sentence maps and quotes."""
+    load_engine(GEMMA)  # the word table's model, converted on a fresh machine
+    sender, receiver = load_engine(SMOL), load_engine(GEMMA)
+    item = next(i for i in builtin_suite(lengths=(1024,), kinds=("multikey",)) if "-d50-" in i.id)
+    hop: HopText = run(eval_hop(sender, receiver, item))
+    ev = Evidence(hop, candidates(hop, hop.transferable_prefix()))
+    assert auto_path(ev) == "quote"
+    para = builtin_suite(lengths=(1024,), kinds=("paraphrase",))[0]
+    p_hop: HopText = run(eval_hop(sender, receiver, para))
+    p_ev = Evidence(p_hop, candidates(p_hop, p_hop.transferable_prefix()))
+    assert not names_its_sentence(p_ev) and auto_path(p_ev) == "quote"
+    whole = [replace(ev, hop=replace(hop, question=q)) for q in (SUMMARY_QUESTION, CONTINUE_QUESTION)]
+    assert [auto_path(w) for w in whole] == ["transfer", "transfer"]
+
+    def unavailable() -> None:
+        raise LexiconUnavailable("no table")
+
+    monkeypatch.setattr(selectors, "request_kind", unavailable)
+    assert [auto_path(w) for w in (ev, p_ev, *whole)] == ["quote", "map_quote", "map_quote", "map_quote"]

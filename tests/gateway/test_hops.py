@@ -62,16 +62,19 @@ def test_hop_without_an_adapter_for_the_pair_prefills_natively(gateway: Gateway)
 def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
     start_gateway: Callable[..., Gateway], fitted_adapter: Path
 ) -> None:
-    """Three gemma3 roles on the same hop: ``critic`` on ``transfer`` (map + recompute of the chosen
-    tokens), ``summarizer`` on the default path across families, ``auto``, which takes ``map_quote``
-    (the map, and the chosen spans as text) for "Summarize." and ``quote`` (no KV) for a look-up
-    that names its sentence, and ``briefer`` like it with another selector for hops from smollm2."""
+    """Four gemma3 roles on the same hop: ``critic`` on ``transfer`` (map + recompute of the chosen
+    tokens), ``quoter`` on ``map_quote`` (the map, and the chosen spans as text), ``briefer`` like
+    it with another selector for hops from smollm2, and ``summarizer`` on the default path across
+    families, ``auto``, which takes ``transfer`` for "Summarize." (no sentence named, no detail
+    asked) and ``quote`` (no KV) for a look-up that names its sentence."""
     roles = make_settings(Path("unused")).roles
     summarizer = roles["summarizer"]
     assert summarizer.policy.path == "transfer"  # the suite's explicit choice
     roles["critic"] = summarizer
     roles["summarizer"] = summarizer.model_copy(update={"policy": summarizer.policy.model_copy(update={"path": None})})
-    by_sender = roles["summarizer"].policy.model_copy(update={"sender_selectors": {SMOL: "lexical"}})
+    quoting = summarizer.policy.model_copy(update={"path": "map_quote"})
+    roles["quoter"] = summarizer.model_copy(update={"policy": quoting})
+    by_sender = quoting.model_copy(update={"sender_selectors": {SMOL: "lexical"}})
     roles["briefer"] = summarizer.model_copy(update={"policy": by_sender})
     gateway = start_gateway(roles=roles, shadow=ShadowSettings(sample_rate=1.0, shadow_rate=0.0))
     upload(gateway, fitted_adapter)
@@ -93,7 +96,7 @@ def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
     alone, native_tokens, _ = hop("summarizer", "alone")  # no earlier turn: native, the request's own prompt
     assert alone["path"] == "native"
     transferred, transfer_tokens, _ = hop("critic", "conv-transfer")
-    hf, prompt_tokens, cached = hop("summarizer", "conv-map-quote")
+    hf, prompt_tokens, cached = hop("quoter", "conv-map-quote")
     assert transferred["path"] == "transfer" and transfer_tokens == native_tokens
     assert hf["path"] == "map_quote" and hf["adapter_version"] == "test-v1" and hf["fallback"] is None
     assert alone["selector"] is None and transferred["selector"] == hf["selector"] == "lexical-hop|meaning"
@@ -105,6 +108,9 @@ def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
     assert native_tokens + 0.5 * chosen < prompt_tokens < native_tokens + 3 * chosen
     briefed, _, _ = hop("briefer", "conv-by-sender")
     assert briefed["path"] == "map_quote" and briefed["selector"] == "lexical"
+    summed, summed_tokens, _ = hop("summarizer", "conv-auto")  # auto: the spans recomputed in place
+    assert summed["path"] == "transfer" and summed_tokens == native_tokens
+    assert summed["tokens_recomputed"] == transferred["tokens_recomputed"] and summed["adapter_version"] == "test-v1"
     question = [{"role": "user", "content": f"{CONTEXT}\n\nWhich externally maintained library is it derived from?"}]
     looked_up, quoted_tokens, cached = hop("summarizer", "conv-look-up")  # lexical is sure: quote, no KV
     assert looked_up["path"] == "quote" and looked_up["adapter_version"] is None and cached == 0
@@ -112,5 +118,5 @@ def test_map_quote_hop_imports_the_mapped_context_and_quotes_the_chosen_spans(
     gateway.settle()  # the hops' shadow runs: each re-runs natively the prompt its engine ran
     with gateway.http(None) as http:
         metrics = http.get("/metrics").text
-    assert 'heterofold_shadow_samples_total{version="test-v1"} 3.0' in metrics
+    assert 'heterofold_shadow_samples_total{version="test-v1"} 4.0' in metrics
     assert 'heterofold_requests_total{path="quote",role="summarizer"} 1.0' in metrics

@@ -78,15 +78,18 @@ def test_evaluate_runs_every_path_and_the_identities_hold(load_engine) -> None: 
     assert adds["vs_recompute_only"]["all:accuracy"]["n"] == 2
     assert adds["vs_recompute_only"]["all:kl_reduction"]["n"] == 1
     assert result["per_item"]["quote@0.05"]["fid"]["correct"] is None
-    # auto: the two look-ups name their sentence and are quoted, the continuation is mapped; each
-    # scores what the path it took scores (the same prompt and cache, run again)
-    assert result["auto_via"]["kv_ridge+auto@0.05"] == {"quote": 2, "map_quote": 1}
+    # auto: the two look-ups name their sentence and are quoted, the continuation names none and asks
+    # for no detail: the map with the spans recomputed in place; each scores what the path it took
+    # scores (the same prompt and cache, run again)
+    assert result["auto_via"]["kv_ridge+auto@0.05"] == {"quote": 2, "transfer": 1, "map_quote": 0}
     auto = result["per_item"]["kv_ridge+auto@0.05"]
     for item in items:
         via = auto[item.id]["via"]
-        took = result["per_item"]["quote@0.05" if via == "quote" else "kv_ridge+quote@0.05"][item.id]
-        assert via == ("map_quote" if item.id == "fid" else "quote")
+        took = result["per_item"]["quote@0.05" if via == "quote" else "kv_ridge@0.05"][item.id]
+        assert via == ("transfer" if item.id == "fid" else "quote") and auto[item.id]["named"] == (item.id != "fid")
         assert auto[item.id]["correct"] == took["correct"] and abs(auto[item.id]["first_kl"] - took["first_kl"]) < 1e-4
+        if via == "transfer":
+            assert abs(auto[item.id]["kl"] - took["kl"]) < 1e-4
     recall = result["selector"]["recall"]["0.05"]  # the fidelity item has no answer to recall
     assert result["selector"]["name"] == "lexical" and recall["all"]["n"] == 2
     # the passkey needle fits the budget whole; multikey's 14-token needle is cut to 12 tokens,

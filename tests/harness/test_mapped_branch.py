@@ -21,9 +21,13 @@ def evaluation() -> dict[str, Any]:
     return {"per_item": {"m@0.02": rec, "m+quote@0.02": mq, "quote@0.02": quote, "m+auto@0.02": auto}}
 
 
+SIGNALS = {"look": {"meaning z": 9.0, "request detail": 0.9}, "para": {"meaning z": 5.0, "request detail": 0.8},
+           "sum": {"meaning z": 3.0, "request detail": 0.1},
+           "cont": {"meaning z": 6.0, "request detail": 0.6}}  # fmt: skip
+
+
 def test_each_policy_scores_its_branch_on_the_items_auto_maps() -> None:
-    signals = {"look": {"meaning z": 9.0}, "para": {"meaning z": 5.0}, "sum": {"meaning z": 3.0},
-               "cont": {"meaning z": 6.0}}  # fmt: skip
+    signals = SIGNALS
     row = branch(evaluation(), "m", "0.02", signals, cut=4.0)
     assert row["mapped_items"] == 3 and row["kinds"] == ["continue", "paraphrase", "summary"]
     p = row["policies"]
@@ -34,6 +38,23 @@ def test_each_policy_scores_its_branch_on_the_items_auto_maps() -> None:
     assert (p["meaning z >= T"]["answers"], p["meaning z >= T"]["whole_kl"]) == (1, 0.25)
     assert p["meaning z >= T"]["to_transfer"] == 1 and p["quote"]["whole_kl"] == 0.9
     assert p["transfer"]["ttft_ms"] == 12 and p["map_quote"]["ttft_ms"] == 22  # medians over the mapped items
+    # the request classifier reads the paraphrase (0.8) and the continuation (0.6) as details: quoted
+    # alone, or mapped and quoted; the summary (0.1) is recomputed
+    q, mq = p["request: quote / transfer"], p["request: map + quote / transfer"]
+    assert (q["answers"], q["whole_kl"], q["to_transfer"]) == (0, 0.55, 1)
+    assert (mq["answers"], mq["whole_kl"], mq["to_transfer"]) == (1, 0.25, 1)
+
+
+def test_the_mapped_side_is_what_lexical_did_not_name_in_runs_that_record_it() -> None:
+    """Since the request classifier, ``auto`` quotes some hops lexical did not name: the policies
+    decide the hops with ``named`` false, whatever branch ``auto`` took."""
+    result = evaluation()
+    result["per_item"]["m+auto@0.02"] = {
+        "look": {"via": "quote", "named": True}, "para": {"via": "quote", "named": False},
+        "sum": {"via": "transfer", "named": False}, "cont": {"via": "transfer", "named": False},
+    }  # fmt: skip
+    row = branch(result, "m", "0.02", SIGNALS, cut=4.0)
+    assert row["mapped_items"] == 3 and row["kinds"] == ["continue", "paraphrase", "summary"]
 
 
 def test_threshold_misplaces_the_fewest_and_takes_the_lowest_such_cut() -> None:
@@ -45,7 +66,7 @@ def test_threshold_misplaces_the_fewest_and_takes_the_lowest_such_cut() -> None:
 
 
 def test_the_branch_kl_rule_quotes_the_items_on_the_paraphrase_side_of_its_threshold() -> None:
-    signals = {i: {"meaning z": 0.0} for i in ("look", "para", "sum", "cont")}
+    signals = {i: {"meaning z": 0.0, "request detail": 0.0} for i in ("look", "para", "sum", "cont")}
     items = [{"id": i, "branch KL": v} for i, v in (("para", 0.05), ("sum", 0.01), ("cont", 0.2))]
     low = {"items": items, "signals": {"branch KL": {"paraphrase_side": "low", "threshold": 0.05}}}
     p = branch(evaluation(), "m", "0.02", signals, cut=4.0, confidence=low)["policies"]["branch KL rule"]
