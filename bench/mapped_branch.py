@@ -3,15 +3,16 @@
 
     python -m bench.mapped_branch docs/results/distq4k_*.json docs/results/full4k_*.json [--json OUT]
 
-``auto`` quotes a hop whose question names its sentence (lexical confidence at least ``GATE``) and
-sends every other hop to ``map_quote``: the whole context mapped, the selector's spans quoted before
-the question. Those other hops are the paraphrased look-ups and the whole-context prompts
-("Summarize", "Continue"). ``heterofold eval`` scores, on the same items, both map + quote
+``auto`` quotes a hop whose question names its sentence (lexical confidence at least ``GATE``); it
+sent every other hop to ``map_quote`` (the whole context mapped, the selector's spans quoted before
+the question) until the request classifier, the last two policies below, decided them. Those
+other hops are the paraphrased look-ups and the whole-context prompts ("Summarize",
+"Continue"). ``heterofold eval`` scores, on the same items, both map + quote
 (``M+quote@b``) and the map with the same spans recomputed in place (``M@b``, the ``transfer``
 path); an ``auto`` item scores exactly what its branch scores, so any rule for the mapped side can
 be scored off-line from those two paths. Per evaluation JSON and map, on the items ``auto`` maps:
 
-- ``map_quote``: the served branch;
+- ``map_quote``: the branch served before the request classifier;
 - ``transfer``: every mapped hop recomputes its spans in place instead;
 - ``by kind``: the paraphrases quoted, the whole-context prompts recomputed. An oracle: it reads
   the item's kind, which no rule at serving time knows; the headroom a rule could buy;

@@ -223,7 +223,7 @@ def eval_cmd(
             )  # fmt: skip
     console.print(eval_table(result, f"{sender} -> {receiver}, {result['items']} items"))
     for path, via in result["auto_via"].items():
-        console.print(f"{path}: quote on {via['quote']} items, map_quote on {via['map_quote']}")
+        console.print(f"{path}: " + ", ".join(f"{branch} on {n} items" for branch, n in via.items()))
     console.print(recall_table(result["selector"], f"selector {result['selector']['name']}: answer recall"))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -49,3 +49,17 @@ def test_held_out_requests_are_read_as_their_kind(zoo: Zoo, load_engine) -> None
     assert 0.0 < kind.p_detail("") < 1.0  # no word: the bias alone
     fit = {r: kind.p_detail(r) >= 0.5 for r in (*DETAIL, *WHOLE)}
     assert sum(fit[r] for r in DETAIL) + sum(not fit[r] for r in WHOLE) >= 0.9 * len(fit)
+
+
+@pytest.mark.models
+def test_warm_fits_the_classifier_for_an_auto_role(zoo: Zoo, load_engine) -> None:  # type: ignore[no-untyped-def]
+    """A role on ``auto`` has the classifier fitted at start-up, whatever its selector reads."""
+    from engines import request_kind as module
+    from engines.selectors import warm
+
+    load_engine(EMBEDDER)
+    module._SHARED.clear()
+    warm("lexical-hop", zoo)
+    assert not module._SHARED  # no auto: nothing fitted
+    warm("lexical-hop", zoo, auto=True)
+    assert list(module._SHARED.values()) == [request_kind(lexicon(zoo))]
