@@ -5,6 +5,8 @@ whole document? No model run (word vectors only).
 
 - on its own training requests (``engines.request_examples``, generic, none of the suite's
   wording), leave-one-out: each request scored by a classifier fitted on the other 99;
+- held out: the 60 requests of ``bench.request_heldout``, never fitted on, scored by the served
+  classifier (fitted on all 100);
 - on the builtin suite's items at each length, per kind, how many it reads as a detail, and how the
   served ``auto`` rule (lexical naming the sentence first, ``engines.selectors.auto_path``) would
   route them with the question alone: the paraphrases should go to ``quote``, the summaries and
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.auto_rule import signals, write_result
+from bench.request_heldout import HELD_DETAIL, HELD_WHOLE
 from engines.lexicon import lexicon
 from engines.request_kind import leave_one_out, request_kind
 from heterofold.select import GATE
@@ -36,6 +39,9 @@ def probe(lengths: list[int]) -> dict[str, Any]:
     fit_s = time.perf_counter() - t0
     loo = leave_one_out(vectors)
     wrong = [{"request": r, "detail": d, "p_detail": round(p, 3)} for r, d, p in loo if (p >= 0.5) != d]
+    held = [(r, True, kind.p_detail(r)) for r in HELD_DETAIL] + [(r, False, kind.p_detail(r)) for r in HELD_WHOLE]
+    held_wrong = [(r, d, round(p, 3)) for r, d, p in held if (p >= 0.5) != d]
+    missed_details = sum(d for _, d, _ in held_wrong)
     suite: dict[str, Any] = {}
     times = []
     for length in lengths:
@@ -56,6 +62,11 @@ def probe(lengths: list[int]) -> dict[str, Any]:
         "training_requests": len(loo),
         "leave_one_out_accuracy": round(1 - len(wrong) / len(loo), 3),
         "leave_one_out_wrong": wrong,
+        "held_out_requests": len(held),
+        "held_out_accuracy": round(1 - len(held_wrong) / len(held), 3),
+        "held_out_detail_right": len(HELD_DETAIL) - missed_details,
+        "held_out_whole_right": len(HELD_WHOLE) - (len(held_wrong) - missed_details),
+        "held_out_wrong": [{"request": r, "detail": d, "p_detail": p} for r, d, p in held_wrong],
         "fit_s": round(fit_s, 3),
         "ms_per_request_median": round(statistics.median(times), 3) if times else None,
         "suite": suite,
@@ -72,6 +83,11 @@ def main() -> None:
           f"{result['leave_one_out_accuracy']}; fit {result['fit_s']} s, "
           f"{result['ms_per_request_median']} ms a request")  # fmt: skip
     for w in result["leave_one_out_wrong"]:
+        print(f"  misread ({'detail' if w['detail'] else 'whole'}, p_detail {w['p_detail']}): {w['request']}")
+    print(f"held out, {result['held_out_requests']} requests never fitted on: accuracy {result['held_out_accuracy']} "
+          f"(details {result['held_out_detail_right']}/{len(HELD_DETAIL)}, "
+          f"whole {result['held_out_whole_right']}/{len(HELD_WHOLE)})")  # fmt: skip
+    for w in result["held_out_wrong"]:
         print(f"  misread ({'detail' if w['detail'] else 'whole'}, p_detail {w['p_detail']}): {w['request']}")
     print("| length | kind | items | read as detail | lexical names its sentence | auto: quote | auto: transfer |")
     print("|---|---|---|---|---|---|---|")

@@ -63,3 +63,10 @@ def test_warm_fits_the_classifier_for_an_auto_role(zoo: Zoo, load_engine) -> Non
     assert not module._SHARED  # no auto: nothing fitted
     warm("lexical-hop", zoo, auto=True)
     assert list(module._SHARED.values()) == [request_kind(lexicon(zoo))]
+
+
+def test_the_held_out_requests_are_new() -> None:
+    """``bench.request_heldout`` shares no request with the training set."""
+    from bench.request_heldout import HELD_DETAIL, HELD_WHOLE
+
+    assert not ({*HELD_DETAIL, *HELD_WHOLE} & {*DETAIL, *WHOLE}) and len(HELD_DETAIL) == len(HELD_WHOLE) == 30
