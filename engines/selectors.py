@@ -322,7 +322,7 @@ def make_selector(name: str) -> Selector:
 def warm(name: str, zoo: Zoo | None = None, *, auto: bool = False) -> None:
     """Load what selector ``name`` reads lazily (the meaning selector's table, about 3 s) now, so no
     hop or timed item pays for it; with ``auto``, the ``auto`` path's request classifier too (the
-    same table, and its fit, about 0.2 s). A table that is missing is left to the hop to report.
+    same table, and its fit, 1-2 s). A table that is missing is left to the hop to report.
     ``zoo``: where the table is read from, for every later hop too (default ``Zoo()``)."""
     if zoo is not None:
         use_zoo(zoo)
