@@ -119,6 +119,24 @@ def branch(
     return {"mapped_items": len(mapped), "kinds": sorted({rec[i]["kind"] for i in mapped}), "policies": out}
 
 
+def totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per policy over every row: paraphrase answers and items summed, the mean of the rows'
+    whole-context KL, and on how many rows that KL is below the ``map_quote`` branch's."""
+    out: dict[str, dict[str, Any]] = {}
+    for policy in rows[0]["policies"] if rows else []:
+        pairs = [(r["policies"][policy], r["policies"]["map_quote"]) for r in rows if policy in r["policies"]]
+        scored = [p for p, _ in pairs]
+        kls = [(p["whole_kl"], mq["whole_kl"]) for p, mq in pairs if p["whole_kl"] is not None]
+        out[policy] = {
+            "rows": len(scored),
+            "answers": sum(p["answers"] for p in scored),
+            "of": sum(p["of"] for p in scored),
+            "mean_whole_kl": _mean([kl for kl, _ in kls]),
+            "rows_kl_below_map_quote": sum(kl < mq for kl, mq in kls),
+        }
+    return out
+
+
 def run(files: list[Path], budget: str, confidence: list[str] | None = None) -> dict[str, Any]:
     """Every map of every evaluation JSON that ran both ``M@budget`` and ``M+quote@budget``;
     ``confidence``: ``MAP=FILE``, a ``bench.branch_confidence`` result scored on the rows of map
@@ -150,7 +168,7 @@ def run(files: list[Path], budget: str, confidence: list[str] | None = None) -> 
             row = branch(result, name, budget, signal_sets[length], cut, conf)
             rows.append({"file": path.name, "sender": result["sender"], "receiver": result["receiver"],
                          "length": length, "map": name, **row})  # fmt: skip
-    return {"budget": budget, "gate": GATE, "meaning_z_cut": cut, "rows": rows}
+    return {"budget": budget, "gate": GATE, "meaning_z_cut": cut, "rows": rows, "totals": totals(rows)}
 
 
 def main() -> None:
@@ -173,6 +191,10 @@ def main() -> None:
             moved = "" if v["to_transfer"] is None else v["to_transfer"]
             print(f"| {d} | {row['length']} | {row['map']} | {policy} | {v['answers']}/{v['of']} | {v['whole_kl']} | "
                   f"{v['whole_top1']} | {v['ttft_ms']} | {moved} |")  # fmt: skip
+    print("over every row: | policy | paraphrase answers | mean whole-context KL | rows with KL below map_quote's |")
+    for policy, t in result["totals"].items():
+        below = f"{t['rows_kl_below_map_quote']}/{t['rows']}"
+        print(f"| {policy} | {t['answers']}/{t['of']} | {t['mean_whole_kl']} | {below} |")
     write_result(args.json, result)
 
 

@@ -149,26 +149,43 @@ def frontier_svg(evals: list[dict[str, Any]], width: int = 640, height: int = 36
     return "\n".join(out)
 
 
-LOOKUP_KINDS, WHOLE_KINDS = ("passkey", "update"), ("summary", "continue")
+WHOLE_KINDS = ("summary", "continue")
+PARAPHRASE = "paraphrase"
 
 
-def per_kind_rows(e: dict[str, Any], answer_kinds: tuple[str, ...] = ("passkey", "update", "paraphrase")) -> list[str]:
+def answer_kinds(e: dict[str, Any]) -> list[str]:
+    """The answer kinds of one ``heterofold eval`` JSON, in the order its items first show them."""
+    return list(dict.fromkeys(v["kind"] for items in e["per_item"].values() for v in items.values()
+                              if v["correct"] is not None))  # fmt: skip
+
+
+def per_kind_header(e: dict[str, Any]) -> str:
+    cols = ("path", *answer_kinds(e), "answers", "whole-context KL", "top-1", "TTFT ms all", "look-ups", "paraphrases",
+            "whole-context")  # fmt: skip
+    return "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols)
+
+
+def per_kind_rows(e: dict[str, Any]) -> list[str]:
     """One markdown row per path of one ``heterofold eval`` JSON, from its per-item results: answers
-    per answer kind and in all, mean whole-context KL and top-1 over the summary and continue items,
-    and median TTFT over all items, the passkey and update look-ups, and the whole-context items."""
+    per answer kind (``answer_kinds``) and in all, mean whole-context KL and top-1 over the summary
+    and continue items, and median TTFT over all items, the look-ups (answer items but the
+    paraphrases), the paraphrases, and the whole-context items."""
+    kinds = answer_kinds(e)
     rows = []
     for path, items in e["per_item"].items():
         done = list(items.values())
         whole = [v for v in done if v["kind"] in WHOLE_KINDS]
-        counts = [sum(1 for v in done if v["kind"] == k and v["correct"]) for k in answer_kinds]
+        counts = [sum(1 for v in done if v["kind"] == k and v["correct"]) for k in kinds]
 
         def med(vs: list[dict[str, Any]]) -> str:
             return f"{statistics.median(v['ttft_ms'] for v in vs):.0f}" if vs else "-"
 
         kl = f"{statistics.mean(v['kl'] for v in whole):.3f}" if whole else "-"
         top1 = f"{statistics.mean(v['top1'] for v in whole):.3f}" if whole else "-"
-        looks = [v for v in done if v["kind"] in LOOKUP_KINDS]
-        cells = [path, *map(str, counts), str(sum(counts)), kl, top1, med(done), med(looks), med(whole)]
+        looks = [v for v in done if v["correct"] is not None and v["kind"] != PARAPHRASE]
+        paraphrases = [v for v in done if v["kind"] == PARAPHRASE]
+        cells = [path, *map(str, counts), str(sum(counts)), kl, top1, med(done), med(looks), med(paraphrases),
+                 med(whole)]  # fmt: skip
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
@@ -183,8 +200,7 @@ def main() -> None:
         for f in args.per_kind:
             e = json.loads(f.read_text())
             print(f"{e['sender']} -> {e['receiver']}")
-            cols = ("path", "passkey", "update", "paraphrase", "answers", "whole-context KL", "top-1")
-            print("| " + " | ".join((*cols, "TTFT ms all", "look-ups", "whole-context")) + " |")
+            print(per_kind_header(e))
             print("\n".join(per_kind_rows(e)))
         return
     if args.folder is None:

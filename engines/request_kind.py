@@ -71,15 +71,11 @@ class RequestKind:
 
     @classmethod
     def fit(cls, vectors: Lexicon, detail: Sequence[str] = DETAIL, whole: Sequence[str] = WHOLE) -> RequestKind:
-        x = features(vectors, [*detail, *whole]).double()
-        mean, scale = x.mean(0), x.std(0) + 1e-6
-        y = torch.tensor([1.0] * len(detail) + [0.0] * len(whole), dtype=torch.float64)
-        w, b = fit_logistic((x - mean) / scale, y)
-        return cls(vectors, mean.float(), scale.float(), w.float(), b)
+        x, y = _examples(vectors, detail, whole)
+        return cls(vectors, *_fit_standardised(x, y))
 
     def p_detail(self, request: str) -> float:
-        x = (features(self.vectors, [request])[0] - self.mean) / self.scale
-        return float(torch.sigmoid(x @ self.weight + self.bias))
+        return _p(features(self.vectors, [request])[0], self.mean, self.scale, self.weight, self.bias)
 
     def asks_for_a_detail(self, request: str) -> bool:
         return self.p_detail(request) >= 0.5
@@ -90,16 +86,30 @@ def leave_one_out(
 ) -> list[tuple[str, bool, float]]:
     """Each request scored by a classifier fitted on all the others (standardised on them too):
     ``(request, asks for a detail, p_detail)``. About 0.1 s a fit."""
-    requests = [*detail, *whole]
-    x = features(vectors, requests).double()
-    y = torch.tensor([1.0] * len(detail) + [0.0] * len(whole), dtype=torch.float64)
+    x, y = _examples(vectors, detail, whole)
     out = []
-    for i, request in enumerate(requests):
-        keep = torch.arange(len(requests)) != i
-        mean, scale = x[keep].mean(0), x[keep].std(0) + 1e-6
-        w, b = fit_logistic((x[keep] - mean) / scale, y[keep])
-        out.append((request, bool(y[i]), float(torch.sigmoid((x[i] - mean) / scale @ w + b))))
+    for i, request in enumerate([*detail, *whole]):
+        keep = torch.arange(len(y)) != i
+        out.append((request, bool(y[i]), _p(x[i], *_fit_standardised(x[keep], y[keep]))))
     return out
+
+
+def _examples(vectors: Lexicon, detail: Sequence[str], whole: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features (float64) and labels (1: a detail) of the training requests."""
+    y = torch.tensor([1.0] * len(detail) + [0.0] * len(whole), dtype=torch.float64)
+    return features(vectors, [*detail, *whole]).double(), y
+
+
+def _fit_standardised(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """Mean and spread of ``x``'s columns, and the logistic fit on ``x`` standardised by them."""
+    mean, scale = x.mean(0), x.std(0) + 1e-6
+    w, b = fit_logistic((x - mean) / scale, y)
+    return mean.float(), scale.float(), w.float(), b
+
+
+def _p(x: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor, bias: float) -> float:
+    """The probability of "detail" for one request's features."""
+    return float(torch.sigmoid((x.float() - mean) / scale @ weight + bias))
 
 
 def fit_logistic(x: torch.Tensor, y: torch.Tensor, l2: float = L2) -> tuple[torch.Tensor, float]:

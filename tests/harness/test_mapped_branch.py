@@ -3,7 +3,7 @@ policy scores for each item auto maps, and the threshold fit. No model."""
 
 from typing import Any
 
-from bench.mapped_branch import branch, threshold
+from bench.mapped_branch import branch, threshold, totals
 
 
 def score(kind: str, correct: bool | None, kl: float | None, ttft: float) -> dict[str, Any]:
@@ -75,3 +75,14 @@ def test_the_branch_kl_rule_quotes_the_items_on_the_paraphrase_side_of_its_thres
     high = {"items": items, "signals": {"branch KL": {"paraphrase_side": "high", "threshold": 0.1}}}
     p = branch(evaluation(), "m", "0.02", signals, cut=4.0, confidence=high)["policies"]["branch KL rule"]
     assert (p["answers"], p["whole_kl"], p["to_transfer"]) == (0, 0.25, 2)  # only the continuation quoted
+
+
+def test_totals_sum_the_answers_and_average_the_rows_kl() -> None:
+    one = branch(evaluation(), "m", "0.02", SIGNALS, cut=4.0)
+    two = {"policies": {k: {**v, "whole_kl": v["whole_kl"] + 0.1} for k, v in one["policies"].items()}}
+    t = totals([one, two])
+    assert (t["map_quote"]["answers"], t["map_quote"]["of"], t["map_quote"]["rows"]) == (2, 2, 2)
+    assert t["map_quote"]["mean_whole_kl"] == 0.4 and t["map_quote"]["rows_kl_below_map_quote"] == 0
+    # the request rule quotes the misread continuation: above map + quote's KL on both rows
+    assert t["request: quote / transfer"]["rows_kl_below_map_quote"] == 0
+    assert t["transfer"]["rows_kl_below_map_quote"] == 2 and t["transfer"]["mean_whole_kl"] == 0.2
