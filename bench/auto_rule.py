@@ -82,7 +82,7 @@ def write_result(path: Path | None, result: dict[str, Any]) -> None:
 
 def probe(length: int) -> dict[str, Any]:
     vectors = lexicon()
-    kind = request_kind(vectors)
+    kind = request_kind()
     rows: list[dict[str, Any]] = []
     for item in builtin_suite(lengths=(length,), per_cell=1):
         rows.append({"id": item.id, "kind": item.kind, **signals(item.question, item.context, vectors, kind)})

@@ -90,11 +90,16 @@ def use_zoo(zoo: Zoo) -> None:
         _ZOO[:] = [zoo]
 
 
+def configured_zoo() -> Zoo:
+    """The zoo that ``lexicon()`` (and ``engines.request_kind``) read when given none."""
+    with _SHARED_LOCK:
+        return _ZOO[0] if _ZOO else Zoo()
+
+
 def lexicon(zoo: Zoo | None = None, name: str = EMBEDDER) -> Lexicon:
     """The process's one ``Lexicon`` for this zoo cache and model (loaded on first use, about 3 s
     for gemma3's table). Raises ``LexiconUnavailable`` when the model is not converted."""
-    with _SHARED_LOCK:
-        zoo = zoo or (_ZOO[0] if _ZOO else Zoo())
+    zoo = zoo or configured_zoo()
     key = (zoo.cache_dir, name)
     with _SHARED_LOCK:
         if key not in _SHARED:

@@ -1,25 +1,28 @@
 """Does a request ask for one detail of the document, or for the document as a whole? A classifier
-on static word vectors, trained on generic requests; no model runs.
+on a small model's reading of the request, trained on generic requests.
 
 The served ``auto`` path quotes the selector's spans when the question names its sentence (lexical
 confidence, ``engines.selectors.names_its_sentence``). A paraphrased look-up ("who owns the
 backpack?" over "the rucksack belongs to ...") names no sentence, and neither does "summarize
 this": lexical confidence is near 0 for both, yet quoting answers the first best and the mapped
 context with the spans recomputed in place carries the second best (BENCHMARKS.md, "Should
-`auto`'s mapped branch quote?"). This classifier tells them apart from the request's words alone.
+`auto`'s mapped branch quote?"). This classifier tells them apart from the request alone.
 
-Features: the mean unit word vector (``engines.lexicon``: gemma3's input embedding table) over the
-request's words, and the mean over its first two words (where "who", "which", "summarise", "write"
-stand), each standardised by the training set's mean and spread. A logistic regression with an L2
-penalty, fitted on ``engines.request_examples`` (generic requests, none of the evaluation suite's
-wording) by L-BFGS from zeros: deterministic, 1-2 s on first use, then a table look-up and a dot
-product per request (under 0.5 ms).
+Features (a ``Reader``), standardised by the training set's mean and spread:
 
-Leave-one-out on those 100 requests it reads 91 right, and 51 of 60 requests never fitted on
-(``bench.request_heldout``; ``bench.request_kind`` measures both). What it misreads
-has a shape: imperatives that ask for a detail ("Find the date of ...", "Look up the account
-number ...") read as whole-document requests, and questions about the whole ("What is the overall
-message?", "can you go on from there") as details.
+- ``HiddenReader`` (served): the mean over the request's tokens of the output of layer ``LAYER``
+  (9, the middle) of gemma3-270m, the zoo model whose embedding table the meaning selector already
+  reads (``engines.lexicon.EMBEDDER``). The layers above it and the LM head never run: about 25 ms
+  a request on this CPU (two threads).
+- ``WordReader``: the mean unit word vector of the request (``engines.lexicon``) and the mean over
+  its first two words; no model run, under 0.5 ms. Kept to measure against: it misreads
+  imperatives that ask for a detail ("Grab the license key ...") and questions about the whole
+  ("What is the tone of the letter?").
+
+A logistic regression with an L2 penalty, fitted on ``engines.request_examples`` (generic requests,
+none of the evaluation suite's wording) by L-BFGS from zeros: deterministic, a few seconds on first
+use. Measured by ``bench.request_kind`` on requests never fitted on (BENCHMARKS.md, "Should
+`auto`'s mapped branch quote?").
 """
 
 from __future__ import annotations
@@ -28,14 +31,18 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
-from engines.lexicon import Lexicon, lexicon
+from engines.catalog import lookup
+from engines.lexicon import EMBEDDER, Lexicon, LexiconUnavailable, configured_zoo
 from engines.request_examples import DETAIL, WHOLE
+from engines.zoo import Zoo
 
 L2 = 1e-2  # penalty on the weights (not the bias), per example
-LEAD = 2  # words at the start of a request that get their own mean
+LEAD = 2  # WordReader: words at the start of a request that get their own mean
+LAYER = 9  # HiddenReader: the layer whose output is read (of gemma3-270m's 18: the middle)
 _WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
 
 
@@ -44,49 +51,117 @@ def words(request: str) -> list[str]:
     return [w.casefold() for w in _WORD.findall(request)]
 
 
+class Reader(Protocol):
+    """Turns requests into feature rows ``(len(requests), d)``."""
+
+    name: str
+
+    def __call__(self, requests: Sequence[str]) -> torch.Tensor: ...
+
+
+class WordReader:
+    """Per request, the mean word vector and the mean of its first ``LEAD`` words (zeros for a
+    request with no word): ``(n, 2 d)``."""
+
+    def __init__(self, vectors: Lexicon) -> None:
+        self.vectors = vectors
+        self.name = f"words:{vectors.name}"
+
+    def __call__(self, requests: Sequence[str]) -> torch.Tensor:
+        d = self.vectors.dim
+        rows = []
+        for r in requests:
+            ws = words(r)
+            if not ws:
+                rows.append(torch.zeros(2 * d))
+                continue
+            v = self.vectors(ws)
+            rows.append(torch.cat([v.mean(0), v[:LEAD].mean(0)]))
+        return torch.stack(rows)
+
+
 def features(vectors: Lexicon, requests: Sequence[str]) -> torch.Tensor:
-    """``(len(requests), 2 d)``: per request, the mean word vector and the mean of its first
-    ``LEAD`` words (zeros for a request with no word)."""
-    d = vectors.dim
-    rows = []
-    for r in requests:
-        ws = words(r)
-        if not ws:
-            rows.append(torch.zeros(2 * d))
-            continue
-        v = vectors(ws)
-        rows.append(torch.cat([v.mean(0), v[:LEAD].mean(0)]))
-    return torch.stack(rows)
+    """``WordReader``'s features over ``vectors``."""
+    return WordReader(vectors)(requests)
+
+
+class HiddenReader:
+    """Per request, the mean over its tokens (the tokenizer's own, BOS included) of the output of
+    decoder layer ``layer`` of a zoo model: ``(n, hidden)``. Only the first ``layer`` decoder
+    layers are kept; the rest of the model is dropped at load. Thread-safe (one request at a time)."""
+
+    def __init__(self, decoder: Any, tokenizer: Any, layer: int, name: str) -> None:
+        self.name = f"hidden:{name}:{layer}"
+        self.layer = layer
+        self._decoder = decoder
+        self._tok = tokenizer
+        self._lock = threading.Lock()
+        self._out: list[torch.Tensor] = []
+
+        def keep(_module: Any, _inputs: Any, output: Any) -> None:
+            self._out.append(output[0] if isinstance(output, tuple) else output)
+
+        decoder.layers[layer - 1].register_forward_hook(keep)
+
+    @classmethod
+    def from_zoo(cls, zoo: Zoo | None = None, name: str = EMBEDDER, layer: int = LAYER) -> HiddenReader:
+        """Load ``name``'s first ``layer`` decoder layers from the zoo cache (a second or two).
+        Raises ``LexiconUnavailable`` when the model is not converted."""
+        from engines.loader import load_converted
+
+        zoo = zoo or configured_zoo()
+        entry = lookup(name)
+        if not zoo.is_converted(entry):
+            raise LexiconUnavailable(
+                f"the auto path's request classifier reads {name}; run: heterofold models pull {name}"
+            )
+        loaded = load_converted(zoo.model_dir(entry), zoo.manifest(entry))
+        decoder = loaded.model.model
+        if not 1 <= layer <= len(decoder.layers):
+            raise ValueError(f"{name} has {len(decoder.layers)} decoder layers; layer must be 1..{len(decoder.layers)}")
+        decoder.layers = torch.nn.ModuleList(list(decoder.layers)[:layer])
+        decoder.requires_grad_(False)
+        return cls(decoder, loaded.tokenizer, layer, name)
+
+    def __call__(self, requests: Sequence[str]) -> torch.Tensor:
+        rows = []
+        with self._lock, torch.inference_mode():
+            for r in requests:
+                ids = self._tok(r, return_tensors="pt").input_ids
+                self._out.clear()
+                self._decoder(input_ids=ids, use_cache=False)
+                rows.append(self._out[-1][0].float().mean(0))
+        return torch.stack(rows)
 
 
 @dataclass(frozen=True)
 class RequestKind:
     """A fitted classifier: ``p_detail`` is the probability that a request asks for one detail."""
 
-    vectors: Lexicon
-    mean: torch.Tensor  # (2 d,): the training features' mean and spread, which standardise a request's
+    reader: Reader
+    mean: torch.Tensor  # (d,): the training features' mean and spread, which standardise a request's
     scale: torch.Tensor
-    weight: torch.Tensor  # (2 d,), on standardised features
+    weight: torch.Tensor  # (d,), on standardised features
     bias: float
 
     @classmethod
-    def fit(cls, vectors: Lexicon, detail: Sequence[str] = DETAIL, whole: Sequence[str] = WHOLE) -> RequestKind:
-        x, y = _examples(vectors, detail, whole)
-        return cls(vectors, *_fit_standardised(x, y))
+    def fit(cls, reader: Reader, detail: Sequence[str] = DETAIL, whole: Sequence[str] = WHOLE) -> RequestKind:
+        x, y = _examples(reader, detail, whole)
+        return cls(reader, *_fit_standardised(x, y))
 
     def p_detail(self, request: str) -> float:
-        return _p(features(self.vectors, [request])[0], self.mean, self.scale, self.weight, self.bias)
+        return _p(self.reader([request])[0], self.mean, self.scale, self.weight, self.bias)
 
     def asks_for_a_detail(self, request: str) -> bool:
         return self.p_detail(request) >= 0.5
 
 
 def leave_one_out(
-    vectors: Lexicon, detail: Sequence[str] = DETAIL, whole: Sequence[str] = WHOLE
+    reader: Reader, detail: Sequence[str] = DETAIL, whole: Sequence[str] = WHOLE
 ) -> list[tuple[str, bool, float]]:
     """Each request scored by a classifier fitted on all the others (standardised on them too):
     ``(request, asks for a detail, p_detail)``. About 0.1 s a fit."""
-    x, y = _examples(vectors, detail, whole)
+    x, y = _examples(reader, detail, whole)
     out = []
     for i, request in enumerate([*detail, *whole]):
         keep = torch.arange(len(y)) != i
@@ -94,10 +169,10 @@ def leave_one_out(
     return out
 
 
-def _examples(vectors: Lexicon, detail: Sequence[str], whole: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def _examples(reader: Reader, detail: Sequence[str], whole: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Features (float64) and labels (1: a detail) of the training requests."""
     y = torch.tensor([1.0] * len(detail) + [0.0] * len(whole), dtype=torch.float64)
-    return features(vectors, [*detail, *whole]).double(), y
+    return reader([*detail, *whole]).double(), y
 
 
 def _fit_standardised(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
@@ -131,15 +206,27 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, l2: float = L2) -> tuple[torc
     return w.detach(), float(b.detach())
 
 
-_SHARED: dict[int, RequestKind] = {}
+_SHARED: dict[object, RequestKind] = {}
+_READERS: dict[tuple[object, str, int], HiddenReader] = {}
 _LOCK = threading.Lock()
 
 
-def request_kind(vectors: Lexicon | None = None) -> RequestKind:
-    """The process's classifier over ``vectors`` (default: the shared ``engines.lexicon``), fitted
-    on first use. Raises ``engines.lexicon.LexiconUnavailable`` when the embedder is not converted."""
-    vectors = vectors or lexicon()
+def hidden_reader(zoo: Zoo | None = None, name: str = EMBEDDER, layer: int = LAYER) -> HiddenReader:
+    """The process's one ``HiddenReader`` for this zoo cache, model and layer (loaded on first use)."""
+    zoo = zoo or configured_zoo()
+    key = (zoo.cache_dir, name, layer)
     with _LOCK:
-        if id(vectors) not in _SHARED:
-            _SHARED[id(vectors)] = RequestKind.fit(vectors)
-        return _SHARED[id(vectors)]
+        if key not in _READERS:
+            _READERS[key] = HiddenReader.from_zoo(zoo, name, layer)
+        return _READERS[key]
+
+
+def request_kind(reader: Reader | None = None) -> RequestKind:
+    """The process's classifier over ``reader`` (default: ``hidden_reader()``, the served one),
+    fitted on first use. Raises ``engines.lexicon.LexiconUnavailable`` when the model it reads is
+    not converted."""
+    reader = reader or hidden_reader()
+    with _LOCK:
+        if id(reader) not in _SHARED:
+            _SHARED[id(reader)] = RequestKind.fit(reader)
+        return _SHARED[id(reader)]

@@ -321,9 +321,10 @@ def make_selector(name: str) -> Selector:
 
 def warm(name: str, zoo: Zoo | None = None, *, auto: bool = False) -> None:
     """Load what selector ``name`` reads lazily (the meaning selector's table, about 3 s) now, so no
-    hop or timed item pays for it; with ``auto``, the ``auto`` path's request classifier too (the
-    same table, and its fit, 1-2 s). A table that is missing is left to the hop to report.
-    ``zoo``: where the table is read from, for every later hop too (default ``Zoo()``)."""
+    hop or timed item pays for it; with ``auto``, the ``auto`` path's request classifier too
+    (gemma3-270m's first 9 layers, and the fit, a few seconds). A model that is missing is left to
+    the hop to report. ``zoo``: where the table and model are read from, for every later hop too
+    (default ``Zoo()``)."""
     if zoo is not None:
         use_zoo(zoo)
     if "meaning" in name.replace("|", "+").replace("/", "+").split("+") or auto:
@@ -392,16 +393,17 @@ def names_its_sentence(ev: Evidence) -> bool:
 
 
 def auto_path(ev: Evidence) -> Literal["quote", "transfer", "map_quote"]:
-    """The ``auto`` path's choice for a hop (gateway/hop.py), no model run:
+    """The ``auto`` path's choice for a hop (gateway/hop.py):
 
     - ``quote`` when the question names the sentence that answers it (``names_its_sentence``), or
       when it asks for one detail of the document though naming no sentence, a paraphrased
-      look-up (``engines.request_kind``: a classifier on the request's word vectors, fitted on
-      generic requests): quoting answers those best, and fastest;
+      look-up (``engines.request_kind``: a classifier on gemma3-270m's reading of the request,
+      fitted on generic requests; run only for the hops that name no sentence): quoting answers
+      those best, and fastest;
     - ``transfer`` otherwise ("summarize", "go on"): the mapped context with the spans recomputed
       in place carries the whole context closest to native (BENCHMARKS.md, "Should `auto`'s mapped
       branch quote?");
-    - ``map_quote`` when the classifier's word table is not in the zoo cache (the rule before it:
+    - ``map_quote`` when the classifier's model is not in the zoo cache (the rule before it:
       every hop that names no sentence is mapped, with its spans quoted).
     """
     if names_its_sentence(ev):
