@@ -288,7 +288,8 @@ class HopPlanner:
         ev = self.evidence(hop, inputs) if path != "transfer" else None  # built once for the quote paths
         if path == "auto":
             assert ev is not None
-            path = await asyncio.to_thread(auto_path, ev)  # the request classifier runs a model (~25 ms)
+            chosen_path: Literal["quote", "transfer", "map_quote"] = await asyncio.to_thread(auto_path, ev)
+            path = chosen_path  # off the event loop: the request classifier runs a model (~25 ms)
         if path == "quote":
             assert ev is not None
             return await self._quote(hop, inputs, ev)

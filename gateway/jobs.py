@@ -374,12 +374,14 @@ class FitJobs:
 
         progress("starting", 0, 0)  # a retry after stop() or a cancel gives up here
         texts = default_corpus(0, job.docs)
-        start = self._active_ridge(sender, receiver) if job.shadow and job.method == "distilled" else None
+        own_start = job.method == "distilled" and self.distill.token_rank > 0  # a token map, fitted here
+        reuse = job.shadow and job.method == "distilled" and not own_start  # the direction's active KV Ridge
+        start = self._active_ridge(sender, receiver) if reuse else None
         adapter = asyncio.run(
             fit_or_distill(sender, receiver, method=job.method, texts=texts, seed=0, version=job.version,
                            max_tokens=job.max_tokens, distill_docs=self.distill.docs, distill_steps=self.distill.steps,
                            distill_path=self.distill.path, distill_lr=self.distill.lr, distill_clip=self.distill.clip,
-                           progress=progress, start=start)
+                           token_rank=self.distill.token_rank if own_start else 0, progress=progress, start=start)
         )  # fmt: skip
         folder = new_folder(self.adapters_dir, job.sender, job.receiver)
         sha = adapter.save(folder)

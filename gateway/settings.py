@@ -175,13 +175,17 @@ class DistillSettings(_Section):
     ``docs`` stdlib contexts, ``steps`` gradient steps of Adam at ``lr`` with each step's gradient
     norm clipped to ``clip`` (none: unclipped), for the transfer ``path`` (``recompute``: the chosen
     tokens native in place, as ``transfer`` hops serve them; ``quote``: the whole context mapped and
-    the chosen spans quoted after it, as ``map_quote`` hops serve them)."""
+    the chosen spans quoted after it, as ``map_quote`` hops serve them). ``token_rank`` > 0 starts it
+    from a KV Ridge map that also reads the receiver's own tokens (``fit --token-rank``), fitted in
+    the job, instead of the direction's active KV Ridge map (BENCHMARKS.md, "The distilled map
+    started from the token map")."""
 
     docs: int = Field(default=16, ge=2)
     steps: int = Field(default=200, ge=1)
     path: Literal["recompute", "quote"] = "quote"
     lr: float = Field(default=1e-3, gt=0.0)
     clip: float | None = Field(default=1.0, gt=0.0)
+    token_rank: int = Field(default=0, ge=0)
 
 
 class BootstrapSettings(_Section):

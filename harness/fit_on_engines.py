@@ -127,14 +127,19 @@ async def fit_or_distill(
     distill_path: str = "recompute",
     distill_lr: float = 2e-3,
     distill_clip: float | None = None,
+    token_rank: int = 0,
     progress: Callable[[str, int, int], None] | None = None,
     start: Adapter | None = None,
 ) -> Adapter:
-    """One of ``METHODS`` from scratch: ``distilled`` fits KV Ridge on ``texts`` first (or starts
-    from ``start``, a KV Ridge map already fitted for this direction), then distils it on
-    ``distill_docs`` stdlib contexts for ``distill_path`` (``distill_direction``)."""
+    """One of ``METHODS`` from scratch: ``distilled`` fits KV Ridge on ``texts`` first (reading the
+    receiver's tokens at ``token_rank`` > 0; or starts from ``start``, a KV Ridge map already
+    fitted for this direction), then distils it on ``distill_docs`` stdlib contexts for
+    ``distill_path`` (``distill_direction``). ``token_rank`` applies to the distillation's start
+    only."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: {', '.join(METHODS)}")
+    if token_rank and (method != "distilled" or start is not None):
+        raise ValueError("token_rank picks the KV Ridge start a distillation fits itself (method distilled, no start)")
     if method != "distilled":
         return await fit_direction(sender, receiver, method=method, texts=texts, seed=seed, version=version,
                                    max_tokens=max_tokens, progress=progress)  # fmt: skip
@@ -142,7 +147,7 @@ async def fit_or_distill(
         raise ValueError(f"a distillation starts from a kv-ridge map, not {start.manifest.method!r}")
     base = start or await fit_direction(
         sender, receiver, method="kv-ridge", texts=texts, seed=seed, version=f"{version}-start",
-        max_tokens=max_tokens, progress=progress,
+        max_tokens=max_tokens, token_rank=token_rank, progress=progress,
     )  # fmt: skip
     return await distill_direction(sender, receiver, base, contexts=distill_contexts(seed, distill_docs),
                                    version=version, seed=seed, steps=distill_steps, path=distill_path,

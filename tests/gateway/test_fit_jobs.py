@@ -44,7 +44,7 @@ from gateway.registry import versions
 from gateway.registry.db import Database
 from gateway.registry.tables import FitJobRow
 from gateway.resolver import AdapterResolver
-from gateway.settings import BootstrapSettings
+from gateway.settings import BootstrapSettings, DistillSettings
 from heterofold.adapter import Adapter
 from store.events import EventLog
 from store.redis_server import EmbeddedRedis
@@ -553,6 +553,34 @@ def test_bootstrap_then_fits_every_direction_first_then_a_shadow_distillation_fr
     # a restart: nothing left to fit
     assert asyncio.run(bootstrapped(replica("replica-b"), DIRECTIONS)) == []
     assert len(staged.fits) == 4
+
+
+@pytest.mark.models
+def test_a_token_rank_distillation_fits_its_own_start_not_the_active_ridge(
+    replica: Callable[..., FitJobs], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``distill.token_rank``, the shadow distillation is asked for a token-map start at that
+    rank and given no start (the active KV Ridge map reads no tokens); the first stage is not."""
+    staged = Staged()
+    ranks: list[tuple[str, int]] = []
+
+    async def recording(sender: LocalEngine, receiver: LocalEngine, **kwargs: Any) -> Adapter:
+        ranks.append((kwargs["method"], kwargs["token_rank"]))
+        return await staged(sender, receiver, **kwargs)
+
+    monkeypatch.setattr(jobs_module, "fit_or_distill", recording)
+    a = replica("replica-t", distill=DistillSettings(token_rank=256))
+    asyncio.run(bootstrapped(a, DIRECTIONS[:1]))
+    assert ranks == [("kv-ridge", 0), ("distilled", 256)]
+    assert staged.fits == [("kv-ridge", None, DIRECTIONS[0]), ("distilled", None, DIRECTIONS[0])]
+
+
+def test_fit_or_distill_refuses_a_token_rank_it_would_not_use() -> None:
+    from harness.fit_on_engines import fit_or_distill
+
+    for kwargs in ({"method": "kv-ridge"}, {"method": "distilled", "start": object()}):
+        with pytest.raises(ValueError, match="token_rank"):
+            asyncio.run(fit_or_distill(None, None, texts=[], seed=0, version="v", token_rank=8, **kwargs))  # type: ignore[arg-type]
 
 
 @pytest.mark.models
