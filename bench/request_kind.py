@@ -22,7 +22,7 @@ the item's text (whitespace words for tokens, as ``bench.auto_rule`` reads it); 
 own ``+auto`` path records the branch each item took.
 
 ``--grid``: the hidden-state reader on every zoo model at a quarter, half, three quarters and all of
-its layers (leave-one-out and both held-out sets; a model load per cell, a few minutes).
+its layers, in float32 (leave-one-out and both held-out sets; a model load per cell, a few minutes).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from bench.auto_rule import signals, write_result
 from bench.request_heldout import FRESH_DETAIL, FRESH_WHOLE, HELD_DETAIL, HELD_WHOLE
@@ -107,7 +109,7 @@ def grid() -> list[dict[str, Any]]:
             continue
         layers_total = int(json.loads((zoo.model_dir(entry) / "config.json").read_text())["num_hidden_layers"])
         for layer in sorted({layers_total // 4, layers_total // 2, 3 * layers_total // 4, layers_total}):
-            r = scores(HiddenReader.from_zoo(zoo, name, layer))
+            r = scores(HiddenReader.from_zoo(zoo, name, layer, dtype=torch.float32))
             rows.append({
                 "model": name, "layer": layer, "of": layers_total, "leave_one_out": r["leave_one_out_accuracy"],
                 "held_out": r["held_out"]["right"], "fresh": r["fresh"]["right"],

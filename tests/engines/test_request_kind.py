@@ -63,9 +63,13 @@ def test_the_word_reader_reads_most_requests_right(zoo: Zoo, load_engine) -> Non
 def test_the_hidden_reader_reads_the_layer_the_full_model_computes(zoo: Zoo, load_engine) -> None:  # type: ignore[no-untyped-def]
     """The reader keeps gemma3's first ``LAYER`` layers and averages the last one's output over the
     request's tokens: the same numbers as the full model's hidden state after that layer."""
+    from heterofold.adapter import map_dtype
+
     engine = load_engine(EMBEDDER)
-    reader = hidden_reader(zoo)
-    assert hidden_reader(zoo) is reader and len(reader._decoder.layers) == LAYER
+    served = hidden_reader(zoo)
+    assert hidden_reader(zoo) is served and len(served._decoder.layers) == LAYER
+    assert served.dtype == map_dtype(torch.device("cpu"))  # bfloat16 where the CPU has it, as the maps
+    reader = HiddenReader.from_zoo(zoo, EMBEDDER, LAYER, dtype=torch.float32)  # exact against the full model
     request = "Which platform does the night train use?"
     ids = engine.tokenizer(request, return_tensors="pt").input_ids
     with torch.no_grad():
