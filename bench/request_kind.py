@@ -4,7 +4,7 @@ word vectors it replaced (``WordReader``).
 
     python -m bench.request_kind [--lengths 1024,4096] [--grid] [--json OUT]
 
-Per reader:
+Per reader (the served one also in float32 when it runs in bfloat16):
 
 - on its own training requests (``engines.request_examples``, generic, none of the suite's
   wording), leave-one-out: each request scored by a classifier fitted on the other 99;
@@ -124,7 +124,10 @@ def grid() -> list[dict[str, Any]]:
 
 def probe(lengths: list[int], with_grid: bool = False) -> dict[str, Any]:
     served = request_kind()
-    readers = {"served": scores(served.reader), "words": scores(WordReader(lexicon()))}
+    readers = {"served": scores(served.reader)}
+    if getattr(served.reader, "dtype", torch.float32) != torch.float32:  # the same reader in float32, same run
+        readers["served, float32"] = scores(HiddenReader.from_zoo(dtype=torch.float32))
+    readers["words"] = scores(WordReader(lexicon()))
     out: dict[str, Any] = {"readers": readers, "suite": suite_routing(served, lengths)}
     if with_grid:
         out["grid"] = grid()
