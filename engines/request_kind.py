@@ -81,11 +81,6 @@ class WordReader:
         return torch.stack(rows)
 
 
-def features(vectors: Lexicon, requests: Sequence[str]) -> torch.Tensor:
-    """``WordReader``'s features over ``vectors``."""
-    return WordReader(vectors)(requests)
-
-
 class HiddenReader:
     """Per request, the mean over its tokens (the tokenizer's own, BOS included) of the output of
     decoder layer ``layer`` of a zoo model: ``(n, hidden)``. Only the first ``layer`` decoder

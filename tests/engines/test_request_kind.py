@@ -13,7 +13,6 @@ from engines.request_kind import (
     HiddenReader,
     RequestKind,
     WordReader,
-    features,
     fit_logistic,
     hidden_reader,
     leave_one_out,
@@ -54,7 +53,7 @@ def test_the_word_reader_reads_most_requests_right(zoo: Zoo, load_engine) -> Non
     loo = leave_one_out(reader)
     right = sum((p >= 0.5) == detail for _, detail, p in loo)
     assert len(loo) == len(DETAIL) + len(WHOLE) and right >= 0.85 * len(loo)
-    assert features(vectors, ["", "Who won?"]).shape == (2, 2 * vectors.dim)
+    assert reader(["", "Who won?"]).shape == (2, 2 * vectors.dim)
     kind = RequestKind.fit(reader)
     assert 0.0 < kind.p_detail("") < 1.0  # no word: the bias alone
 
