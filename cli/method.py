@@ -39,6 +39,10 @@ def fit(
     gates: Annotated[
         bool, typer.Option(help="distilled: also learn a per-head temperature and value gain for mapped tokens.")
     ] = False,
+    token_residual: Annotated[
+        bool,
+        typer.Option(help="distilled: also fit the token map's weights (a start fitted with --token-rank)."),
+    ] = False,
     distill_path: Annotated[
         str,
         typer.Option(
@@ -74,6 +78,9 @@ def fit(
         err.print("[red]error:[/red] --token-rank fits a kv-ridge map (or a distilled one's start); heterofold "
                   "calibration does not read token features")  # fmt: skip
         raise typer.Exit(2)
+    if token_residual and method != "distilled":
+        err.print("[red]error:[/red] --token-residual is a distilled fit's option")
+        raise typer.Exit(2)
     if distill_path not in ("recompute", "quote"):
         err.print(f"[red]error:[/red] unknown --distill-path {distill_path!r}: recompute or quote")
         raise typer.Exit(2)
@@ -96,10 +103,14 @@ def fit(
                                                    version=f"{label}-start", max_tokens=max_tokens,
                                                    token_rank=token_rank, progress=progress))
                 )  # fmt: skip
+                if token_residual and base.token is None:
+                    err.print("[red]error:[/red] --token-residual fits a token map's weights: start from an adapter "
+                              "fitted with --token-rank, or pass --token-rank")  # fmt: skip
+                    raise typer.Exit(2)
                 contexts = distill_contexts(seed, distill_docs)
                 adapter = asyncio.run(
                     distill_direction(s, r, base, contexts=contexts, version=label, seed=seed, steps=steps, rank=rank,
-                                      gates=gates, path=distill_path, lr=lr, clip=clip,
+                                      gates=gates, token=token_residual, path=distill_path, lr=lr, clip=clip,
                                       progress=progress)
                 )  # fmt: skip
             else:

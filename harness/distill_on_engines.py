@@ -181,6 +181,7 @@ async def distill(
     steps: int = 300,
     rank: int = 8,
     gates: bool = False,
+    token: bool = False,
     lr: float = 2e-3,
     penalty: float = 1e-2,
     held: int = 3,
@@ -191,9 +192,10 @@ async def distill(
 ) -> Adapter:
     """Distil ``adapter`` on ``docs`` (from ``build_docs``); returns the folded adapter with the
     held-out KL before and after in its metrics. ``clip``: the largest gradient norm a step takes
-    (larger ones are scaled down to it; none: unclipped)."""
+    (larger ones are scaled down to it; none: unclipped). ``token``: also fit a residual on a token
+    map's weights (``heterofold.distill.LowRankResidual``)."""
     train, held_out = split_docs(len(docs), held)
-    param = LowRankResidual(adapter, rank=rank, seed=seed, gates=gates)
+    param = LowRankResidual(adapter, rank=rank, seed=seed, gates=gates, token=token)
     opt = torch.optim.Adam(param.parameters(), lr=lr)
     order = [d for i in train for d in docs[i]]
     rng = random.Random(seed)
@@ -242,6 +244,6 @@ async def distill(
         "distill_history": history,  # (step, mean training KL since the last, held-out KL)
     }
     info = {**adapter.manifest.fit, **fit_info, "distill_s": round(time.perf_counter() - t0, 1)}
-    info |= {"steps": steps, "rank": rank, "gates": gates, "lr": lr, "penalty": penalty, "clip": clip,
-             "train_docs": len(train), "held_docs": len(held_out)}  # fmt: skip
+    info |= {"steps": steps, "rank": rank, "gates": gates, "token_residual": token, "lr": lr, "penalty": penalty,
+             "clip": clip, "train_docs": len(train), "held_docs": len(held_out)}  # fmt: skip
     return param.fold(method, version, info, metrics)

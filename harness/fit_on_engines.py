@@ -44,6 +44,7 @@ async def distill_direction(
     steps: int = 300,
     rank: int = 8,
     gates: bool = False,
+    token: bool = False,
     budgets: Sequence[float] = (0.0, 0.02),
     path: str = "recompute",
     lr: float = 2e-3,
@@ -66,7 +67,8 @@ async def distill_direction(
         "distill_collect_s": round(time.perf_counter() - t0, 1),
     }
     adapter = await distill(receiver, start, docs, method="distilled", version=version, fit_info=info, steps=steps,
-                            rank=rank, gates=gates, lr=lr, clip=clip, seed=seed, progress=progress)  # fmt: skip
+                            rank=rank, gates=gates, token=token, lr=lr, clip=clip, seed=seed,
+                            progress=progress)  # fmt: skip
     adapter.manifest.fit["fit_s"] = round(float(start.manifest.fit.get("fit_s", 0.0)) + time.perf_counter() - t0, 2)
     return adapter
 

@@ -19,7 +19,9 @@ scaled by ``exp(g)`` scales every query's attention logit on that token by ``exp
 gate is a per-head attention temperature for mapped tokens, and the value gate says how much of a
 mapped token's value the head takes in. Both are diagonal per head, which a low-rank residual
 cannot express, and both fold into the map's columns. An adapter with a token map
-(``heterofold.adapter.TokenMap``) keeps its token weights as fitted (scaled by the gates too).
+(``heterofold.adapter.TokenMap``) keeps its token weights as fitted (scaled by the gates too), or,
+with ``token``, learns a full residual on them as well (``(r_tok, H_r * D_r)`` per layer, starting
+at zero), since the token map reads only ``r_tok`` components.
 ``fold()`` returns plain affine ``LayerMap``s: applying a distilled adapter costs exactly what
 applying the ridge map does. This module is pure torch: the receiver's forward pass is the
 caller's (``harness.distill_on_engines``).
@@ -77,12 +79,17 @@ def doc_features(
 class LowRankResidual(torch.nn.Module):
     """Trainable low-rank residuals on every layer's K and V maps of ``adapter`` (module docstring)."""
 
-    def __init__(self, adapter: Adapter, rank: int = 8, seed: int = 0, gates: bool = False) -> None:
+    def __init__(
+        self, adapter: Adapter, rank: int = 8, seed: int = 0, gates: bool = False, token: bool = False
+    ) -> None:
         super().__init__()
         if rank < 1:
             raise ValueError(f"rank must be at least 1, got {rank}")
+        if token and adapter.token is None:
+            raise ValueError("a token residual needs an adapter with a token map (fit --token-rank)")
         self.adapter = adapter
         self.gates = gates
+        self.token = token
         r = adapter.manifest.receiver
         # per layer, per receiver KV head: log-scales of the mapped keys and values (module docstring)
         self.g_k = torch.nn.Parameter(torch.zeros(r.num_layers, r.num_kv_heads), requires_grad=gates)
@@ -97,6 +104,13 @@ class LowRankResidual(torch.nn.Module):
                 a.append(torch.nn.Parameter(torch.randn(F, rank, generator=g) / F**0.5))
                 b.append(torch.nn.Parameter(torch.zeros(rank, out)))
                 c.append(torch.nn.Parameter(torch.zeros(out)))
+        # with ``token``: a full residual on the token map's weights, zero at the start
+        self.d_k, self.d_v = torch.nn.ParameterList(), torch.nn.ParameterList()
+        for mp in adapter.maps if token else ():
+            if mp.k_token is None or mp.v_token is None:
+                raise ValueError("a token residual needs token weights in every layer")
+            self.d_k.append(torch.nn.Parameter(torch.zeros_like(mp.k_token)))
+            self.d_v.append(torch.nn.Parameter(torch.zeros_like(mp.v_token)))
 
     def layer(self, layer: int) -> LayerMap:
         """The effective map of receiver layer ``layer``."""
@@ -105,6 +119,8 @@ class LowRankResidual(torch.nn.Module):
         wv = mp.v_weight + self.a_v[layer] @ self.b_v[layer]
         bk, bv = mp.k_bias + self.c_k[layer], mp.v_bias + self.c_v[layer]
         tk, tv = mp.k_token, mp.v_token
+        if self.token and tk is not None and tv is not None:
+            tk, tv = tk + self.d_k[layer], tv + self.d_v[layer]
         if not self.gates:
             return LayerMap(wk, bk, wv, bv, tk, tv)
         D = self.adapter.manifest.receiver.head_dim
@@ -136,6 +152,9 @@ class LowRankResidual(torch.nn.Module):
         for layer, mp in enumerate(self.adapter.maps):
             for a, b, w in ((self.a_k, self.b_k, mp.k_weight), (self.a_v, self.b_v, mp.v_weight)):
                 total = total + (a[layer] @ b[layer]).pow(2).sum() / w.pow(2).sum()
+            if self.token and mp.k_token is not None and mp.v_token is not None:
+                total = total + self.d_k[layer].pow(2).sum() / mp.k_token.pow(2).sum()
+                total = total + self.d_v[layer].pow(2).sum() / mp.v_token.pow(2).sum()
         return total / len(self.adapter.maps)
 
     @torch.no_grad()

@@ -172,3 +172,22 @@ def test_quote_documents_map_the_whole_context_and_quote_the_choice_after_it(loa
         assert float(_loss(engine, param, quoted)) < 1e-3
     with pytest.raises(ValueError, match="unknown distillation path"):
         run(build_docs(engine, engine, identity, [context], path="text"))
+
+
+def test_fit_refuses_a_token_residual_without_a_token_map(load_engine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``--token-residual`` fits a token map's weights: a start without one is refused before any
+    document is built, as is the option on a method that does not distil."""
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    engine = load_engine("smollm2-135m-instruct")
+    Adapter.identity(Side.of(engine.spec)).save(tmp_path / "plain")
+    base = ["fit", "--sender", "smollm2-135m-instruct", "--receiver", "smollm2-135m-instruct"]
+    result = CliRunner().invoke(app, [*base, "--method", "kv-ridge", "--token-residual", "--out", str(tmp_path / "a")])
+    assert result.exit_code == 2 and "--token-residual is a distilled fit's option" in result.output
+    args = [*base, "--method", "distilled", "--start", str(tmp_path / "plain"), "--token-residual",
+            "--out", str(tmp_path / "b")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "fits a token map's weights" in result.output
+    assert not (tmp_path / "b").exists()

@@ -109,7 +109,8 @@ def test_a_plain_adapter_ignores_embeddings_and_refuses_token_weights() -> None:
                     method="heterofold", version="t", token_rank=2)  # fmt: skip
 
 
-def test_distillation_maps_a_token_adapter_as_apply_does_and_folds_it_back() -> None:
+@pytest.mark.parametrize("token", [False, True])
+def test_distillation_maps_a_token_adapter_as_apply_does_and_folds_it_back(token: bool) -> None:
     tok, table, pairs = _fitted(4)
     p = pairs[0]
     T = len(p.src)
@@ -118,7 +119,8 @@ def test_distillation_maps_a_token_adapter_as_apply_does_and_folds_it_back() -> 
     zeros = tuple(torch.zeros(1, T, 8) for _ in range(RECEIVER.num_layers))
     doc = DistillDoc(x_k, x_v, at, zeros, zeros, p.receiver.token_ids, torch.arange(3), slice(0, 2),
                      torch.zeros(2, 5), z=z)  # fmt: skip
-    param = LowRankResidual(tok, rank=2, gates=True)
+    param = LowRankResidual(tok, rank=2, gates=True, token=token)
+    assert len(param.d_k) == (RECEIVER.num_layers if token else 0)
     with torch.no_grad():
         for q in param.parameters():
             q.add_(0.05 * torch.randn_like(q))
@@ -131,6 +133,25 @@ def test_distillation_maps_a_token_adapter_as_apply_does_and_folds_it_back() -> 
         torch.testing.assert_close(out.values[layer], values[layer].detach(), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="embeddings"):
         doc_features(tok, p.sender, p.src)
+    if token:  # the token weights moved, and the folded adapter carries them
+        assert tok.maps[0].k_token is not None and folded.maps[0].k_token is not None
+        assert not torch.allclose(folded.maps[0].k_token, tok.maps[0].k_token * param.g_k[0].exp().repeat_interleave(8))
+
+
+def test_a_token_residual_starts_at_the_fitted_map_and_needs_a_token_map() -> None:
+    tok, _, _ = _fitted(4)
+    param = LowRankResidual(tok, rank=2, token=True)
+    for layer, mp in enumerate(tok.maps):
+        assert mp.k_token is not None and mp.v_token is not None
+        assert torch.equal(param.layer(layer).k_token, mp.k_token)
+        assert torch.equal(param.layer(layer).v_token, mp.v_token)
+    assert float(param.penalty().detach()) == 0.0
+    with torch.no_grad():
+        param.d_k[0].add_(1.0)
+    assert float(param.penalty().detach()) > 0.0  # the token residual is penalised like the others
+    plain, _, _ = _fitted(0)
+    with pytest.raises(ValueError, match="token map"):
+        LowRankResidual(plain, rank=2, token=True)
 
 
 def test_token_map_shape_must_match_the_manifest() -> None:
