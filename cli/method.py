@@ -36,6 +36,9 @@ def fit(
     steps: Annotated[int, typer.Option(min=1, help="distilled: gradient steps.")] = 300,
     rank: Annotated[int, typer.Option(min=1, help="distilled: rank of the residual per layer.")] = 8,
     distill_docs: Annotated[int, typer.Option(min=2, help="distilled: contexts to distil on.")] = 16,
+    distill_questions: Annotated[
+        int, typer.Option(min=1, help="distilled: generic questions per context (different templates first).")
+    ] = 1,
     gates: Annotated[
         bool, typer.Option(help="distilled: also learn a per-head temperature and value gain for mapped tokens.")
     ] = False,
@@ -110,7 +113,8 @@ def fit(
                 contexts = distill_contexts(seed, distill_docs)
                 adapter = asyncio.run(
                     distill_direction(s, r, base, contexts=contexts, version=label, seed=seed, steps=steps, rank=rank,
-                                      gates=gates, token=token_residual, path=distill_path, lr=lr, clip=clip,
+                                      gates=gates, token=token_residual, questions=distill_questions,
+                                      path=distill_path, lr=lr, clip=clip,
                                       progress=progress)
                 )  # fmt: skip
             else:

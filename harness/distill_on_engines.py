@@ -54,9 +54,10 @@ PATHS = ("recompute", "quote")  # what a document does with the selector's choic
 Progress = Callable[[str, int, int], None]
 
 
-def _question(rng: random.Random, context: str) -> str:
-    """A generic question; where it names a word, a long word from a random sentence of the context."""
-    template = rng.choice(QUESTIONS)
+def _question(rng: random.Random, context: str, template: str | None = None) -> str:
+    """A generic question (``template``, default a random one of ``QUESTIONS``); where it names a
+    word, a long word from a random sentence of the context."""
+    template = template or rng.choice(QUESTIONS)
     if "{word}" not in template:
         return template
     spans = sentence_spans(context)
@@ -67,6 +68,16 @@ def _question(rng: random.Random, context: str) -> str:
         if words:
             return template.format(word=rng.choice(words))
     return QUESTIONS[0]
+
+
+def questions_for(rng: random.Random, context: str, n: int) -> list[str]:
+    """``n`` generic questions about ``context``: for one, ``_question``'s draw; for more, every
+    template once in a random order before any repeats (a word template names a new word each time)."""
+    if n == 1:
+        return [_question(rng, context)]
+    templates = list(QUESTIONS)
+    rng.shuffle(templates)
+    return [_question(rng, context, t) for t in (templates * n)[:n]]
 
 
 async def _native_doc(
@@ -125,31 +136,39 @@ async def build_docs(
     budgets: Sequence[float] = (0.0, 0.02),
     path: str = "recompute",
     answer_tokens: int = 32,
+    questions: int = 1,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> list[list[DistillDoc]]:
-    """Per context, one ``DistillDoc`` per budget, built for ``path`` (module docstring)."""
+    """Per context, one ``DistillDoc`` per budget and question (``questions`` of them, different
+    templates first: ``questions_for``), built for ``path`` (module docstring). A context's
+    documents stay together, so held-out contexts hold out every question about them."""
     if path not in PATHS:
         raise ValueError(f"unknown distillation path {path!r}: {', '.join(PATHS)}")
+    if questions < 1:
+        raise ValueError(f"questions must be at least 1, got {questions}")
     rng = random.Random(seed)
     out = []
     for n, context in enumerate(contexts):
-        question = _question(rng, context)
-        hop = await eval_hop(sender, receiver, TaskItem(f"fit-{n}", context, question, "-"))
-        prefix = hop.transferable_prefix()
-        ev = Evidence(hop, candidates(hop, prefix))
-        context_kv, _ = await receiver.prefill(hop.receiver_ids[:prefix], dense=True)  # shared by the quoted hop
-        plain = await _native_doc(receiver, adapter, hop, answer_tokens, context_kv)
         docs = []
-        for b in budgets:
-            chosen = (await select(LEXICAL, ev, b)).positions if b else []
-            if not b:
-                docs.append(plain)
-            elif path == "quote":
-                docs.append(await _native_doc(receiver, adapter, quoted_hop(receiver, hop, context, question, chosen),
-                                              answer_tokens, context_kv))  # fmt: skip
-            else:
-                docs.append(keep_native(plain, chosen))
+        context_kv: KVCache | None = None
+        for question in questions_for(rng, context, questions):
+            hop = await eval_hop(sender, receiver, TaskItem(f"fit-{n}", context, question, "-"))
+            prefix = hop.transferable_prefix()
+            ev = Evidence(hop, candidates(hop, prefix))
+            if context_kv is None or context_kv.token_ids.tolist() != list(hop.receiver_ids[:prefix]):
+                context_kv, _ = await receiver.prefill(hop.receiver_ids[:prefix], dense=True)  # shared by the quotes
+            plain = await _native_doc(receiver, adapter, hop, answer_tokens, context_kv)
+            for b in budgets:
+                chosen = (await select(LEXICAL, ev, b)).positions if b else []
+                if not b:
+                    docs.append(plain)
+                elif path == "quote":
+                    docs.append(await _native_doc(receiver, adapter,
+                                                  quoted_hop(receiver, hop, context, question, chosen),
+                                                  answer_tokens, context_kv))  # fmt: skip
+                else:
+                    docs.append(keep_native(plain, chosen))
         out.append(docs)
         if progress:
             progress("collect", n + 1, len(contexts))

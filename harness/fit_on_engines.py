@@ -45,6 +45,7 @@ async def distill_direction(
     rank: int = 8,
     gates: bool = False,
     token: bool = False,
+    questions: int = 1,
     budgets: Sequence[float] = (0.0, 0.02),
     path: str = "recompute",
     lr: float = 2e-3,
@@ -55,8 +56,8 @@ async def distill_direction(
     frozen receiver on ``contexts`` (``harness.distill_on_engines``), for the transfer ``path``
     (``recompute``: the chosen tokens recomputed in place; ``quote``: quoted after the context)."""
     t0 = time.perf_counter()
-    docs = await build_docs(sender, receiver, start, contexts, budgets=budgets, path=path, seed=seed,
-                            progress=progress)  # fmt: skip
+    docs = await build_docs(sender, receiver, start, contexts, budgets=budgets, path=path, questions=questions,
+                            seed=seed, progress=progress)  # fmt: skip
     info = {
         "start": start.manifest.method,
         "start_version": start.manifest.version,
@@ -64,6 +65,7 @@ async def distill_direction(
         "distill_documents": len(contexts),
         "distill_budgets": list(budgets),
         "distill_path": path,
+        "distill_questions": questions,
         "distill_collect_s": round(time.perf_counter() - t0, 1),
     }
     adapter = await distill(receiver, start, docs, method="distilled", version=version, fit_info=info, steps=steps,

@@ -191,3 +191,29 @@ def test_fit_refuses_a_token_residual_without_a_token_map(load_engine, tmp_path)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "fits a token map's weights" in result.output
     assert not (tmp_path / "b").exists()
+
+
+def test_questions_for_takes_every_template_once_before_repeating() -> None:
+    import random
+
+    from harness.distill_on_engines import QUESTIONS, _question, questions_for
+
+    context = stdlib_text(1500, start=3)
+    assert questions_for(random.Random(5), context, 1) == [_question(random.Random(5), context)]
+    qs = questions_for(random.Random(5), context, len(QUESTIONS) + 1)
+    heads = [next(t.split("{word}")[0] for t in QUESTIONS if q.startswith(t.split("{word}")[0])) for q in qs]
+    assert len(set(heads[: len(QUESTIONS)])) == len(QUESTIONS) and heads[-1] == heads[0]
+
+
+def test_documents_per_context_are_one_per_question_and_budget(load_engine) -> None:  # type: ignore[no-untyped-def]
+    from harness.distill_on_engines import build_docs
+
+    engine = load_engine("smollm2-135m-instruct")
+    identity = Adapter.identity(Side.of(engine.spec))
+    contexts = [stdlib_text(700, start=11), stdlib_text(700, start=17)]
+    out = run(build_docs(engine, engine, identity, contexts, budgets=(0.0, 0.05), answer_tokens=4, questions=2))
+    assert [len(d) for d in out] == [4, 4]  # two questions x two budgets, grouped by context
+    a, b = out[0][0], out[0][2]  # the two questions' map-only documents share the context, not the suffix
+    assert torch.equal(a.token_ids, b.token_ids) and not torch.equal(a.suffix, b.suffix)
+    with pytest.raises(ValueError, match="questions"):
+        run(build_docs(engine, engine, identity, contexts, questions=0))
