@@ -50,6 +50,7 @@ QUESTIONS = (
     "What does the text above say about {word}?",
     "Repeat the sentence of the text above that mentions {word}.",
 )
+Features = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor | None]
 PATHS = ("recompute", "quote")  # what a document does with the selector's choice (module docstring)
 Progress = Callable[[str, int, int], None]
 
@@ -81,13 +82,19 @@ def questions_for(rng: random.Random, context: str, n: int) -> list[str]:
 
 
 async def _native_doc(
-    receiver: LocalEngine, adapter: Adapter, hop: HopText, answer_tokens: int, dense: KVCache
+    receiver: LocalEngine,
+    adapter: Adapter,
+    hop: HopText,
+    answer_tokens: int,
+    dense: KVCache,
+    features: dict[object, Features] | None = None,
 ) -> DistillDoc:
     """A document over ``hop``'s receiver prompt: every aligned context token up to the
     transferable prefix mapped, the rest of the prompt and the receiver's native greedy answer as
     the suffix, and native's log-probabilities over that answer as the target. ``dense``: the
     dense native prefill of the context already made, used when its tokens are exactly this hop's
-    prefix (else this hop's own prefix is prefilled)."""
+    prefix (else this hop's own prefix is prefilled). ``features``: the map's inputs already
+    computed, by sender text and alignment (the documents of one context share them, read only)."""
     r_ids = list(hop.receiver_ids)
     prefix = hop.transferable_prefix()
     src = hop.source(prefix)
@@ -98,7 +105,13 @@ async def _native_doc(
     native = await receiver.score(r_ids + answer, past=past)  # (S, V)
     q = len(r_ids) - prefix  # suffix index of the first answer token
     rows = slice(q - 1, q - 1 + len(answer))
-    x_k, x_v, aligned, z = doc_features(adapter, hop.sender_kv, src, dense.token_ids, receiver.token_embeddings())
+    key = (hop.sender_text, tuple(src.tolist()), tuple(dense.token_ids.tolist()))
+    if features is None or key not in features:
+        made = doc_features(adapter, hop.sender_kv, src, dense.token_ids, receiver.token_embeddings())
+        if features is None:
+            features = {}
+        features[key] = made
+    x_k, x_v, aligned, z = features[key]
     target = torch.log_softmax(native[rows].float(), -1)
     return DistillDoc(
         x_k=x_k, x_v=x_v, mapped=aligned, native_k=dense.keys, native_v=dense.values, token_ids=dense.token_ids,
@@ -152,13 +165,14 @@ async def build_docs(
     for n, context in enumerate(contexts):
         docs = []
         context_kv: KVCache | None = None
+        features: dict[object, Features] = {}  # shared by this context's documents (the largest part of each)
         for question in questions_for(rng, context, questions):
             hop = await eval_hop(sender, receiver, TaskItem(f"fit-{n}", context, question, "-"))
             prefix = hop.transferable_prefix()
             ev = Evidence(hop, candidates(hop, prefix))
             if context_kv is None or context_kv.token_ids.tolist() != list(hop.receiver_ids[:prefix]):
                 context_kv, _ = await receiver.prefill(hop.receiver_ids[:prefix], dense=True)  # shared by the quotes
-            plain = await _native_doc(receiver, adapter, hop, answer_tokens, context_kv)
+            plain = await _native_doc(receiver, adapter, hop, answer_tokens, context_kv, features)
             for b in budgets:
                 chosen = (await select(LEXICAL, ev, b)).positions if b else []
                 if not b:
@@ -166,7 +180,7 @@ async def build_docs(
                 elif path == "quote":
                     docs.append(await _native_doc(receiver, adapter,
                                                   quoted_hop(receiver, hop, context, question, chosen),
-                                                  answer_tokens, context_kv))  # fmt: skip
+                                                  answer_tokens, context_kv, features))  # fmt: skip
                 else:
                     docs.append(keep_native(plain, chosen))
         out.append(docs)

@@ -215,5 +215,6 @@ def test_documents_per_context_are_one_per_question_and_budget(load_engine) -> N
     assert [len(d) for d in out] == [4, 4]  # two questions x two budgets, grouped by context
     a, b = out[0][0], out[0][2]  # the two questions' map-only documents share the context, not the suffix
     assert torch.equal(a.token_ids, b.token_ids) and not torch.equal(a.suffix, b.suffix)
+    assert a.x_k[0] is b.x_k[0] and a.x_v[-1] is b.x_v[-1]  # one copy of the map's inputs per context
     with pytest.raises(ValueError, match="questions"):
         run(build_docs(engine, engine, identity, contexts, questions=0))
