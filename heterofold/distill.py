@@ -21,7 +21,7 @@ mapped token's value the head takes in. Both are diagonal per head, which a low-
 cannot express, and both fold into the map's columns. An adapter with a token map
 (``heterofold.adapter.TokenMap``) keeps its token weights as fitted (scaled by the gates too), or,
 with ``token``, learns a full residual on them as well (``(r_tok, H_r * D_r)`` per layer, starting
-at zero), since the token map reads only ``r_tok`` components.
+at zero, in units of the weights' RMS), since the token map reads only ``r_tok`` components.
 ``fold()`` returns plain affine ``LayerMap``s: applying a distilled adapter costs exactly what
 applying the ridge map does. This module is pure torch: the receiver's forward pass is the
 caller's (``harness.distill_on_engines``).
@@ -104,13 +104,16 @@ class LowRankResidual(torch.nn.Module):
                 a.append(torch.nn.Parameter(torch.randn(F, rank, generator=g) / F**0.5))
                 b.append(torch.nn.Parameter(torch.zeros(rank, out)))
                 c.append(torch.nn.Parameter(torch.zeros(out)))
-        # with ``token``: a full residual on the token map's weights, zero at the start
+        # with ``token``: a full residual on the token map's weights, zero at the start, in units of
+        # their RMS (Adam's steps are per element: raw, its lr would dwarf weights of RMS 1e-3)
         self.d_k, self.d_v = torch.nn.ParameterList(), torch.nn.ParameterList()
+        self.token_scale: list[tuple[float, float]] = []
         for mp in adapter.maps if token else ():
             if mp.k_token is None or mp.v_token is None:
                 raise ValueError("a token residual needs token weights in every layer")
             self.d_k.append(torch.nn.Parameter(torch.zeros_like(mp.k_token)))
             self.d_v.append(torch.nn.Parameter(torch.zeros_like(mp.v_token)))
+            self.token_scale.append((_rms(mp.k_token), _rms(mp.v_token)))
 
     def layer(self, layer: int) -> LayerMap:
         """The effective map of receiver layer ``layer``."""
@@ -120,7 +123,8 @@ class LowRankResidual(torch.nn.Module):
         bk, bv = mp.k_bias + self.c_k[layer], mp.v_bias + self.c_v[layer]
         tk, tv = mp.k_token, mp.v_token
         if self.token and tk is not None and tv is not None:
-            tk, tv = tk + self.d_k[layer], tv + self.d_v[layer]
+            uk, uv = self.token_scale[layer]
+            tk, tv = tk + uk * self.d_k[layer], tv + uv * self.d_v[layer]
         if not self.gates:
             return LayerMap(wk, bk, wv, bv, tk, tv)
         D = self.adapter.manifest.receiver.head_dim
@@ -152,9 +156,8 @@ class LowRankResidual(torch.nn.Module):
         for layer, mp in enumerate(self.adapter.maps):
             for a, b, w in ((self.a_k, self.b_k, mp.k_weight), (self.a_v, self.b_v, mp.v_weight)):
                 total = total + (a[layer] @ b[layer]).pow(2).sum() / w.pow(2).sum()
-            if self.token and mp.k_token is not None and mp.v_token is not None:
-                total = total + self.d_k[layer].pow(2).sum() / mp.k_token.pow(2).sum()
-                total = total + self.d_v[layer].pow(2).sum() / mp.v_token.pow(2).sum()
+            if self.token:  # the residual relative to the token weights: its RMS units cancel
+                total = total + self.d_k[layer].pow(2).mean() + self.d_v[layer].pow(2).mean()
         return total / len(self.adapter.maps)
 
     @torch.no_grad()
@@ -173,6 +176,10 @@ class LowRankResidual(torch.nn.Module):
         manifest = Manifest(method, version, m.sender, m.receiver, m.sender_layers, fit=fit, metrics=metrics,
                             token_lags=m.token_lags, token_rank=m.token_rank)  # fmt: skip
         return Adapter(manifest, maps, self.adapter.token)
+
+
+def _rms(t: torch.Tensor) -> float:
+    return max(float(t.pow(2).mean().sqrt()), 1e-12)
 
 
 def kl_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
