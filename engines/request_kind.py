@@ -13,8 +13,8 @@ Features (a ``Reader``), standardised by the training set's mean and spread:
 - ``HiddenReader`` (served): the mean over the request's tokens of the output of layer ``LAYER``
   (9, the middle) of gemma3-270m, the zoo model whose embedding table the meaning selector already
   reads (``engines.lexicon.EMBEDDER``). The layers above it and the LM head never run. In
-  bfloat16 where the CPU has native bfloat16 (as the maps run), about 17 ms a request on this CPU
-  (two threads; 24 ms in float32, which reads the same requests right).
+  bfloat16 where the CPU has native bfloat16 (as the maps run), about 18 ms a request on this CPU
+  (two threads; 25-49 ms in float32, which reads the same requests right; ``bench.request_kind``).
 - ``WordReader``: the mean unit word vector of the request (``engines.lexicon``) and the mean over
   its first two words; no model run, under 0.5 ms. Kept to measure against: it misreads
   imperatives that ask for a detail ("Grab the license key ...") and questions about the whole

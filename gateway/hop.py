@@ -289,7 +289,7 @@ class HopPlanner:
         if path == "auto":
             assert ev is not None
             chosen_path: Literal["quote", "transfer", "map_quote"] = await asyncio.to_thread(auto_path, ev)
-            path = chosen_path  # off the event loop: the request classifier runs a model (~17-24 ms)
+            path = chosen_path  # off the event loop: the request classifier runs a model (~18 ms)
         if path == "quote":
             assert ev is not None
             return await self._quote(hop, inputs, ev)

@@ -105,13 +105,11 @@ async def _native_doc(
     native = await receiver.score(r_ids + answer, past=past)  # (S, V)
     q = len(r_ids) - prefix  # suffix index of the first answer token
     rows = slice(q - 1, q - 1 + len(answer))
+    cache = {} if features is None else features
     key = (hop.sender_text, tuple(src.tolist()), tuple(dense.token_ids.tolist()))
-    if features is None or key not in features:
-        made = doc_features(adapter, hop.sender_kv, src, dense.token_ids, receiver.token_embeddings())
-        if features is None:
-            features = {}
-        features[key] = made
-    x_k, x_v, aligned, z = features[key]
+    if key not in cache:
+        cache[key] = doc_features(adapter, hop.sender_kv, src, dense.token_ids, receiver.token_embeddings())
+    x_k, x_v, aligned, z = cache[key]
     target = torch.log_softmax(native[rows].float(), -1)
     return DistillDoc(
         x_k=x_k, x_v=x_v, mapped=aligned, native_k=dense.keys, native_v=dense.values, token_ids=dense.token_ids,
@@ -170,8 +168,8 @@ async def build_docs(
             hop = await eval_hop(sender, receiver, TaskItem(f"fit-{n}", context, question, "-"))
             prefix = hop.transferable_prefix()
             ev = Evidence(hop, candidates(hop, prefix))
-            if context_kv is None or context_kv.token_ids.tolist() != list(hop.receiver_ids[:prefix]):
-                context_kv, _ = await receiver.prefill(hop.receiver_ids[:prefix], dense=True)  # shared by the quotes
+            if context_kv is None:  # the context's prefill, shared by its questions (``_native_doc`` checks it)
+                context_kv, _ = await receiver.prefill(hop.receiver_ids[:prefix], dense=True)
             plain = await _native_doc(receiver, adapter, hop, answer_tokens, context_kv, features)
             for b in budgets:
                 chosen = (await select(LEXICAL, ev, b)).positions if b else []

@@ -149,6 +149,10 @@ def test_a_token_residual_starts_at_the_fitted_map_and_needs_a_token_map() -> No
     with torch.no_grad():
         param.d_k[0].add_(1.0)
     assert float(param.penalty().detach()) > 0.0  # the token residual is penalised like the others
+    k0 = tok.maps[0].k_token
+    assert k0 is not None  # one unit of the residual is the token weights' RMS, not 1.0
+    rms = float(k0.pow(2).mean().sqrt())
+    torch.testing.assert_close(param.layer(0).k_token.detach() - k0, torch.full_like(k0, rms))
     plain, _, _ = _fitted(0)
     with pytest.raises(ValueError, match="token map"):
         LowRankResidual(plain, rank=2, token=True)
